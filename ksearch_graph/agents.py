@@ -1,0 +1,95 @@
+"""The two roles the graph calls for judgement: a planner (edits the world model) and a coder.
+
+There are two real implementations of each: the LLM ones (``llm_agents.py``) and the offline,
+no-LLM baseline (``offline.py``). The graph only sees these protocols.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from .task import Task
+from .world_model import EditScript, WorldModel
+
+PromptKind = Literal["first", "debug", "improve"]
+
+
+@dataclass
+class Usage:
+    """What one planner/coder call cost. Stored in the run's ledger."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost_usd": self.cost_usd,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass
+class Evidence:
+    """What a finished cycle taught us, for the world-model update."""
+
+    node_id: str
+    cycle_id: str
+    passed: bool
+    attempts: list[dict]  # summaries, oldest first
+    best: dict | None  # best passing attempt summary
+    best_files: dict[str, str] | None
+    parent_score: float | None  # the base's score (None when the base is the bare spec)
+    last_log: str  # log excerpt of the last failed attempt, if any
+    stop: str
+
+
+@dataclass
+class CodeRequest:
+    kind: PromptKind
+    task: Task
+    node_id: str
+    action: dict  # Action.model_dump()
+    attempt_id: str
+    base_files: dict[str, str] | None  # code the action applies to (parent's or cycle-best); None = from spec
+    base_summary: dict | None
+    last_files: dict[str, str] | None  # previous attempt of this cycle
+    last_summary: dict | None
+    feedback: str  # the reflection's text for this attempt: failure log or performance summary
+    history: list[dict] = field(default_factory=list)  # this cycle's attempt summaries
+
+
+@dataclass
+class CodeAnswer:
+    files: dict[str, str]  # empty when no code could be extracted (then ``error`` says why)
+    usage: Usage
+    error: str = ""
+
+
+class Planner(Protocol):
+    def initial(self, task: Task, wm: WorldModel, *, errors: list[str]) -> tuple[EditScript, Usage]: ...
+
+    def after_cycle(
+        self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str]
+    ) -> tuple[EditScript, Usage]: ...
+
+    def too_hard(
+        self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str]
+    ) -> tuple[EditScript, Usage]: ...
+
+
+class Coder(Protocol):
+    def write(self, request: CodeRequest) -> CodeAnswer: ...
+
+
+class PlannerOutputError(ValueError):
+    """The planner's answer could not be turned into an EditScript (fed back like a rejected edit)."""
+
+    def __init__(self, errors: list[str], usage: Usage):
+        super().__init__("; ".join(errors))
+        self.errors = errors
+        self.usage = usage

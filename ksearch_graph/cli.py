@@ -1,0 +1,242 @@
+"""The ``ksearch`` command: run, resume, history, branch, show.
+
+Exit codes: 0 finished, 1 unexpected error, 2 bad input (task, run dir, options), 75 paused because
+the LLM endpoint failed (fix it and ``ksearch resume``), 130 interrupted (Ctrl-C; ``ksearch resume``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from .config import Budget, SearchConfig
+from .run_dir import RunDir, RunDirError
+from .task import TaskError, load_task
+
+EXIT_PAUSED = 75
+OFFLINE_NOTICE = (
+    "planner: OFFLINE (no LLM). This is the no-LLM baseline that walks the task's kernel template, "
+    "not K-Search's intelligence. Pass --model (and --base-url) to search with an LLM."
+)
+
+
+def _add_search_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--iterations", type=int, default=20, help="iteration budget (one codegen + one evaluation each)")
+    p.add_argument("--offline", action="store_true", help="use the offline no-LLM planner and coder")
+    p.add_argument("--model", default=os.environ.get("KSEARCH_MODEL"), help="LLM for planner and coder (env KSEARCH_MODEL)")
+    p.add_argument("--planner-model", help="a different model for the world-model planner")
+    p.add_argument("--coder-model", help="a different model for the coder")
+    p.add_argument("--base-url", default=os.environ.get("KSEARCH_BASE_URL"),
+                   help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (env KSEARCH_BASE_URL)")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    p.add_argument("--structured-method", default="json_schema",
+                   choices=["json_schema", "function_calling", "json_mode", "raw"])
+    p.add_argument("--temperature", type=float)
+    p.add_argument("-k", "--parallel-cycles", type=int, default=1, help="action cycles run side by side")
+    p.add_argument("--policy", choices=["greedy", "failure_aware"], default="greedy")
+    p.add_argument("--stagnation-window", type=int, default=5)
+    p.add_argument("--difficulty-cap", type=int, default=4)
+    p.add_argument("--noise-margin", type=float, default=0.02)
+    p.add_argument("--max-tokens", type=int, help="stop after this many LLM tokens (all roles)")
+    p.add_argument("--max-cost", type=float, help="stop after this many US dollars")
+    p.add_argument("--max-wall", type=float, help="stop after this many seconds of search time")
+    p.add_argument("--eval-timeout", type=float, default=180)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _config_from_args(args) -> SearchConfig:
+    from .llm import LLMSettings
+
+    use_llm = bool(args.model or args.planner_model or args.coder_model) and not args.offline
+    settings = {}
+    if use_llm:
+        for role, name in (("planner_llm", args.planner_model or args.model), ("coder_llm", args.coder_model or args.model)):
+            if not name:
+                raise SystemExit(f"ksearch: --{role.split('_')[0]}-model or --model is needed")
+            settings[role] = LLMSettings(model=name, base_url=args.base_url, api_key_env=args.api_key_env,
+                                         structured_method=args.structured_method, temperature=args.temperature)
+    return SearchConfig(
+        budget=Budget(iterations=args.iterations, max_tokens=args.max_tokens, max_cost_usd=args.max_cost,
+                      max_wall_s=args.max_wall),
+        parallel_cycles=args.parallel_cycles,
+        stagnation_window=args.stagnation_window,
+        difficulty_cap=args.difficulty_cap,
+        policy=args.policy,
+        noise_margin=args.noise_margin,
+        eval_timeout_s=args.eval_timeout,
+        planner="llm" if use_llm else "offline",
+        seed=args.seed,
+        **settings,
+    )
+
+
+def _drive(run: RunDir, *, fresh: bool, quiet: bool) -> int:
+    from .llm import EndpointUnavailable, LLMConfigError
+    from .nodes.world_model_update import PlannerFailed
+    from .progress import ProgressPrinter
+    from .search import drive, make_context
+
+    ctx = make_context(run)
+    print(OFFLINE_NOTICE if run.config.planner == "offline" else
+          f"planner: {run.config.planner_llm.model}  coder: {run.config.coder_llm.model}"
+          + (f"  endpoint: {run.config.planner_llm.base_url}" if run.config.planner_llm.base_url else ""))
+    printer = None if quiet else ProgressPrinter(ctx.store, run.config.budget.iterations)
+    started = time.monotonic()
+    try:
+        final = drive(run, ctx, fresh=fresh, on_event=printer)
+    except (EndpointUnavailable, LLMConfigError) as e:
+        ctx.store.set_meta("status", "paused")
+        ctx.store.log_event("paused", error=str(e))
+        print(f"\nksearch: run paused, the LLM endpoint failed:\n  {e}\n"
+              f"Nothing computed so far is lost. Fix the endpoint, then: ksearch resume {run.path}", file=sys.stderr)
+        return EXIT_PAUSED
+    except PlannerFailed as e:
+        ctx.store.set_meta("status", "paused")
+        print(f"\nksearch: run paused: {e}\nResume with: ksearch resume {run.path}", file=sys.stderr)
+        return EXIT_PAUSED
+    except KeyboardInterrupt:
+        ctx.store.set_meta("status", "interrupted")
+        print(f"\nksearch: interrupted. Resume with: ksearch resume {run.path}", file=sys.stderr)
+        return 130
+    best = final.get("best")
+    print(f"\ndone in {time.monotonic() - started:.1f}s: {final.get('stop_reason')}")
+    if best:
+        print(f"best: {best['attempt_id']} score {best['score']:.4g}x"
+              + (f", {best['latency_us']:.4g} us" if best.get("latency_us") else "")
+              + f" -> {run.path / 'best'}")
+    else:
+        print("no candidate passed")
+    return 0
+
+
+def cmd_run(args) -> int:
+    config = _config_from_args(args)
+    load_task(args.task)  # fail early, with the task's own error message
+    if config.planner == "offline" and (os.environ.get(args.api_key_env) and not args.offline):
+        print(f"note: {args.api_key_env} is set but no --model was given; using the offline planner")
+    task_folder = Path(args.task)
+    task_folder = task_folder.parent if task_folder.is_file() else task_folder
+    run_dir = args.run_dir or Path("runs") / f"{load_task(task_folder).name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = RunDir.create(run_dir, task_folder, config)
+    print(f"run directory: {run.path}")
+    return _drive(run, fresh=True, quiet=args.quiet)
+
+
+def cmd_resume(args) -> int:
+    from .search import extend, has_started, is_finished
+
+    run = RunDir.open(args.run_dir)
+    if args.iterations is not None:
+        if extend(run, args.iterations):
+            print(f"budget raised to {args.iterations} iterations; the finished run continues")
+    if is_finished(run):
+        print(f"{run.path}: the run is finished (raise the budget with --iterations N to continue it)")
+        return 0
+    return _drive(run, fresh=not has_started(run), quiet=args.quiet)
+
+
+def cmd_history(args) -> int:
+    from .search import dumps, history
+
+    rows = history(RunDir.open(args.run_dir))
+    if args.json:
+        print(dumps(rows))
+        return 0
+    print(f"{'checkpoint':<38} {'step':>4}  {'node':<20} {'iter':>4}  {'best':>9}  next")
+    for r in rows:
+        best = f"{r['best_score']:.4g}" if r["best_score"] is not None else "-"
+        print(f"{r['checkpoint']:<38} {r['step']:>4}  {r['node']:<20} {r['iteration']:>4}  {best:>9}  {','.join(r['next'])}")
+    return 0
+
+
+def cmd_branch(args) -> int:
+    from .search import branch
+
+    new = branch(args.run_dir, args.at, args.into, world_model_file=args.world_model)
+    print(f"branched {args.run_dir} at {args.at} into {new.path}"
+          + (" with an edited world model" if args.world_model else "") + f"\ncontinue it with: ksearch resume {new.path}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from .search import dumps, iter_tree_lines, state_at, summary
+    from .world_model import WorldModel
+
+    run = RunDir.open(args.run_dir)
+    if args.world_model:
+        values = state_at(run, args.at)
+        print(dumps(values.get("world_model")))
+        return 0
+    info = summary(run)
+    if args.json:
+        print(dumps(info))
+        return 0
+    print(f"run {info['run_dir']}  task {info['task']}  status {info['status']}  planner {info['planner']}")
+    print(f"iterations {info['iterations_done']}/{info['iteration_budget']}  attempts {info['attempts']} "
+          f"(passed {info['passed']})  tokens {info['tokens']['total_tokens']}  cost ${info['tokens']['cost_usd']:.4f}")
+    if info["best"]:
+        b = info["best"]
+        print(f"best {b['attempt_id']} on {b['node_id']}: score {b['score']:.4g}x"
+              + (f", {b['latency_us']:.4g} us" if b["latency_us"] else ""))
+    if info["stop_reason"]:
+        print(f"stopped: {info['stop_reason']}")
+    values = state_at(run)
+    if values.get("world_model"):
+        print("\nworld model (* root, + closed, o open, ? decision):")
+        for line in iter_tree_lines(WorldModel.from_state(values["world_model"])):
+            print("  " + line)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ksearch", description="K-Search: LLM kernel search with a co-evolving world model")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="start a search on a task folder")
+    p.add_argument("task", help="task folder (with task.json)")
+    p.add_argument("--run-dir", help="where the run lives (default runs/<task>-<time>)")
+    p.add_argument("--quiet", action="store_true")
+    _add_search_options(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("resume", help="continue a run after a crash, kill or Ctrl-C (or a finished one with more budget)")
+    p.add_argument("run_dir")
+    p.add_argument("--iterations", type=int, help="raise the iteration budget")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("history", help="list a run's checkpoints (branch points)")
+    p.add_argument("run_dir")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("branch", help="start a new run from a checkpoint of an existing one")
+    p.add_argument("run_dir")
+    p.add_argument("--at", required=True, help="checkpoint id (see ksearch history)")
+    p.add_argument("--world-model", help="JSON file with an edited world model (from ksearch show --world-model)")
+    p.add_argument("--into", required=True, help="the new run directory")
+    p.set_defaults(func=cmd_branch)
+
+    p = sub.add_parser("show", help="a run's tree, frontier, best attempt and budget")
+    p.add_argument("run_dir")
+    p.add_argument("--json", action="store_true", help="machine-readable summary")
+    p.add_argument("--world-model", action="store_true", help="print the world model JSON (edit it for branch)")
+    p.add_argument("--at", help="with --world-model: the checkpoint to read (default: latest)")
+    p.set_defaults(func=cmd_show)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (TaskError, RunDirError) as e:
+        print(f"ksearch: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

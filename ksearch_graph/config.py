@@ -1,0 +1,36 @@
+"""Search settings. Saved as ``run.json`` in the run directory so resume and branch use the same ones."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from .llm import LLMSettings
+from .policy import PolicyName
+
+
+class Budget(BaseModel):
+    iterations: int = Field(20, ge=1, description="one codegen + one evaluation each")
+    max_tokens: int | None = Field(None, ge=1, description="all roles together")
+    max_cost_usd: float | None = Field(None, gt=0)
+    max_wall_s: float | None = Field(None, gt=0, description="active search time, summed over resumes")
+
+
+class SearchConfig(BaseModel):
+    budget: Budget = Budget()
+    parallel_cycles: int = Field(1, ge=1, le=16, description="k action cycles run side by side")
+    stagnation_window: int = Field(5, ge=1, description="W: a cycle ends after W non-improving attempts")
+    difficulty_cap: int = Field(4, ge=1, le=5)
+    policy: PolicyName = "greedy"
+    # A new best must beat the old one by this relative margin; timings are noisy.
+    noise_margin: float = Field(0.02, ge=0, le=1)
+    # Re-measure a candidate that looks like a new global best and keep the lower score.
+    confirm_new_best: bool = True
+    max_edit_retries: int = Field(2, ge=0, le=5, description="re-asks when the planner's edit is rejected")
+    eval_timeout_s: float = Field(180, gt=0)
+    world_model_render_chars: int = Field(6000, ge=500)
+    planner: Literal["offline", "llm"] = "offline"
+    planner_llm: LLMSettings | None = None
+    coder_llm: LLMSettings | None = None
+    seed: int = 0  # for the offline planner's tie-breaking and perturbations

@@ -1,0 +1,54 @@
+"""Wiring: the main search graph and the action-cycle subgraph.
+
+    START -> init_world_model -> select_plans --Send x k--> action_cycle -> update_world_model -> select_plans
+                                      \\-> finalize -> END
+    action_cycle:  START -> instantiate_code -> compile_and_bench -> reflect --continue--> instantiate_code
+                                                                          \\--close--> END
+
+One node per phase, so every phase boundary is a checkpoint (and a point to branch from). The
+subgraph is compiled without a checkpointer: it inherits the parent's, and its own steps are
+checkpointed under its task's namespace, so a crash mid-cycle resumes mid-cycle.
+"""
+
+from __future__ import annotations
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import END, START, StateGraph
+
+from .context import SearchContext
+from .nodes.compile_and_bench import compile_and_bench
+from .nodes.finalize import finalize
+from .nodes.instantiate_code import instantiate_code
+from .nodes.reflect import continue_or_close, reflect
+from .nodes.select_plans import launch_cycles, select_plans
+from .nodes.world_model_update import init_world_model, update_world_model
+from .state import CycleState, SearchState
+
+
+def build_cycle_graph():
+    g = StateGraph(CycleState, context_schema=SearchContext)
+    g.add_node("instantiate_code", instantiate_code)
+    g.add_node("compile_and_bench", compile_and_bench)
+    g.add_node("reflect", reflect)
+    g.add_edge(START, "instantiate_code")
+    g.add_edge("instantiate_code", "compile_and_bench")
+    g.add_edge("compile_and_bench", "reflect")
+    g.add_conditional_edges("reflect", continue_or_close, ["instantiate_code", END])
+    return g.compile()
+
+
+def build_search_graph(checkpointer: BaseCheckpointSaver | None = None):
+    """The K-Search graph. Pass a checkpointer for the CLI; servers supply their own."""
+    g = StateGraph(SearchState, context_schema=SearchContext)
+    g.add_node("init_world_model", init_world_model)
+    g.add_node("select_plans", select_plans)
+    g.add_node("action_cycle", build_cycle_graph())
+    g.add_node("update_world_model", update_world_model)
+    g.add_node("finalize", finalize)
+    g.add_edge(START, "init_world_model")
+    g.add_edge("init_world_model", "select_plans")
+    g.add_conditional_edges("select_plans", launch_cycles, ["action_cycle", "finalize"])
+    g.add_edge("action_cycle", "update_world_model")
+    g.add_edge("update_world_model", "select_plans")
+    g.add_edge("finalize", END)
+    return g.compile(checkpointer=checkpointer)

@@ -1,0 +1,99 @@
+"""Compile-and-bench: hand the pending attempt to the evaluator and record the result.
+
+Idempotent: an attempt already in the store (the process died after recording it, before the
+checkpoint) is taken from there, never evaluated twice. Failures are results, never exceptions.
+
+A candidate that looks like a new global best is measured a second time and keeps the lower of the
+two scores (METHOD.md: no new best on one noisy measurement); one that fails the second run is
+treated as failed.
+"""
+
+from __future__ import annotations
+
+import time
+
+from langgraph.runtime import Runtime
+
+from ..context import SearchContext
+from ..evaluation import EvalResult, Status
+from ..state import CycleState, attempt_summary
+from ._common import emit
+
+
+def _evaluate(ctx: SearchContext, files: dict[str, str], attempt_id: str) -> EvalResult:
+    try:
+        return ctx.evaluator.evaluate(ctx.task, files, attempt_id=attempt_id)
+    except Exception as e:  # the evaluator should not raise; if it does, it is this attempt's failure
+        return EvalResult(status=Status.runtime_error, log_excerpt=f"evaluator error: {type(e).__name__}: {e}")
+
+
+def evaluate_once(
+    ctx: SearchContext,
+    runtime: Runtime[SearchContext],
+    *,
+    attempt_id: str,
+    cycle_id: str,
+    node_id: str,
+    prompt_kind: str,
+    files: dict[str, str] | None = None,
+    pending: dict | None = None,
+    confirm_above: float | None = None,
+) -> dict:
+    """Evaluate and record one attempt (or return its stored row). Returns the store row."""
+    row = ctx.store.get_attempt(attempt_id)
+    if row is not None:
+        return row
+    pending = pending or {}
+    if files is not None:
+        source = ctx.store.put_source(files)
+    else:
+        source = pending.get("source_hash")
+        files = ctx.store.get_source(source) if source else None
+    started = time.monotonic()
+    if not files:
+        result = EvalResult(status=Status.compile_error, log_excerpt=pending.get("error") or "the answer had no code")
+    else:
+        result = _evaluate(ctx, files, attempt_id)
+        if result.passed and confirm_above is not None and result.score > confirm_above:
+            again = _evaluate(ctx, files, attempt_id)
+            first_score = result.score
+            if not again.passed or again.score < result.score:
+                result = again
+            result.environment["confirmation_scores"] = [first_score, again.score]
+    row = ctx.store.record_attempt(
+        attempt_id=attempt_id,
+        cycle_id=cycle_id,
+        node_id=node_id,
+        prompt_kind=prompt_kind,
+        base_attempt_id=pending.get("base_attempt_id"),
+        parent_attempt_id=pending.get("parent_attempt_id"),
+        source_hash=source or "",
+        result=result,
+        prompt_tokens=pending.get("prompt_tokens", 0),
+        completion_tokens=pending.get("completion_tokens", 0),
+        codegen_s=pending.get("codegen_s", 0.0),
+        eval_s=time.monotonic() - started,
+    )
+    emit(runtime, "attempt", attempt_id=attempt_id, cycle_id=cycle_id, node_id=node_id,
+         iteration=row["iteration"], prompt_kind=prompt_kind, status=row["status"],
+         score=row["score"], latency_us=row["latency_us"], log=row["log_excerpt"][:200])
+    return row
+
+
+def compile_and_bench(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
+    ctx = runtime.context
+    cycle, pending = state["cycle"], state["pending"]
+    cycle_best = state.get("cycle_best")
+    bar = max(cycle["best_score_at_start"] or 0.0, cycle_best["score"] if cycle_best else 0.0)
+    row = evaluate_once(
+        ctx,
+        runtime,
+        attempt_id=pending["id"],
+        cycle_id=cycle["id"],
+        node_id=cycle["node_id"],
+        prompt_kind=pending["prompt_kind"],
+        pending=pending,
+        # Nothing to beat yet means nothing to confirm against.
+        confirm_above=bar * (1 + ctx.config.noise_margin) if ctx.config.confirm_new_best and bar > 0 else None,
+    )
+    return {"attempts": state.get("attempts", []) + [attempt_summary(row)], "pending": None}

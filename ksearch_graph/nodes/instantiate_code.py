@@ -1,0 +1,71 @@
+"""Code instantiation: one codegen for the cycle's next attempt.
+
+Attempt 1 applies the action to the parent's code (or writes from the spec at the root). Later
+attempts use the *debug* prompt while nothing in the cycle has passed, and the *improve* prompt on the
+cycle's best code once something has (METHOD.md step 3). The code goes to the store; the state keeps
+its hash. The answer is cached under the attempt id, so a re-run after a crash reuses it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from langgraph.runtime import Runtime
+
+from ..agents import CodeRequest
+from ..context import SearchContext
+from ..state import CycleState
+from ._common import emit
+
+
+def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
+    ctx = runtime.context
+    cycle = state["cycle"]
+    attempts = state.get("attempts", [])
+    attempt_id = f"{cycle['id']}.{len(attempts) + 1}"
+    best = state.get("cycle_best")
+    kind = "first" if not attempts else ("improve" if best else "debug")
+    last = attempts[-1] if attempts else None
+
+    cached = ctx.store.get_generation(f"{attempt_id}:code")
+    if cached is None:
+        if kind == "improve":
+            base_hash, base_summary = best["source_hash"], best
+        else:
+            base_hash = cycle["base_source_hash"]
+            base_summary = {"id": cycle["base_attempt_id"], "score": cycle["base_score"]} if base_hash else None
+        emit(runtime, "codegen", cycle_id=cycle["id"], attempt_id=attempt_id, prompt_kind=kind)
+        request = CodeRequest(
+            kind=kind,
+            task=ctx.task,
+            node_id=cycle["node_id"],
+            action=cycle["action"],
+            attempt_id=attempt_id,
+            base_files=ctx.store.get_source(base_hash) if base_hash else None,
+            base_summary=base_summary,
+            last_files=ctx.store.get_source(last["source_hash"]) if last and last["source_hash"] else None,
+            last_summary=last,
+            feedback=state.get("feedback", ""),
+            history=attempts,
+        )
+        started = time.monotonic()
+        answer = ctx.coder.write(request)
+        seconds = time.monotonic() - started
+        answer.usage.seconds = seconds
+        ctx.store.record_llm_call("coder", "code", answer.usage.as_dict(), seconds)
+        cached = {
+            "source_hash": ctx.store.put_source(answer.files) if answer.files else None,
+            "error": answer.error,
+            "prompt_tokens": answer.usage.prompt_tokens,
+            "completion_tokens": answer.usage.completion_tokens,
+            "codegen_s": seconds,
+        }
+        ctx.store.put_generation(f"{attempt_id}:code", cached)
+    pending = {
+        "id": attempt_id,
+        "prompt_kind": kind,
+        "base_attempt_id": best["id"] if kind == "improve" else cycle["base_attempt_id"],
+        "parent_attempt_id": last["id"] if last else cycle["base_attempt_id"],
+        **cached,
+    }
+    return {"pending": pending}

@@ -1,0 +1,71 @@
+"""Reflection: stagnation bookkeeping, feedback for the next attempt, continue or close the cycle.
+
+An attempt improves the cycle when it passes and beats the cycle's best by the noise margin. After W
+(stagnation window) non-improving attempts in a row, when the cycle's iteration allowance is spent,
+or when a run-wide cap (tokens, cost, time) is hit, the cycle ends and its result goes to the parent.
+"""
+
+from __future__ import annotations
+
+from langgraph.graph import END
+from langgraph.runtime import Runtime
+
+from ..context import SearchContext
+from ..evaluation import EvalResult
+from ..state import CycleState
+from ._common import emit
+
+
+def _feedback(ctx: SearchContext, last: dict, best: dict | None) -> str:
+    if last["status"] != "passed":
+        row = ctx.store.get_attempt(last["id"])
+        log = row["log_excerpt"] if row else ""
+        return f"Attempt {last['id']} failed with status {last['status']}.\n{log}".strip()
+    lines = [f"Attempt {last['id']} passed: score {last['score']:.4g}x vs the reference"
+             + (f", {last['latency_us']:.4g} us (geometric mean)" if last["latency_us"] else "") + "."]
+    if best and best["id"] != last["id"]:
+        lines.append(f"The cycle's best is still {best['id']} at {best['score']:.4g}x.")
+    row = ctx.store.get_attempt(last["id"])
+    if row:
+        result = EvalResult.model_validate_json(row["result"])
+        for w in result.workloads:
+            if w.latency_us is not None:
+                lines.append(f"  {w.workload}: {w.latency_us:.4g} us (reference {w.reference_us or 0:.4g} us)")
+        if not result.timing_representative:
+            lines.append("(timings from the CPU interpreter: they rank candidates but are not GPU numbers)")
+    return "\n".join(lines)
+
+
+def reflect(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
+    ctx = runtime.context
+    cycle = state["cycle"]
+    attempts = state["attempts"]
+    last = attempts[-1]
+    best = state.get("cycle_best")
+    improved = last["status"] == "passed" and (
+        best is None or last["score"] > best["score"] * (1 + ctx.config.noise_margin)
+    )
+    if improved:
+        best, stagnation = last, 0
+    else:
+        stagnation = state.get("stagnation", 0) + 1
+
+    stop = None
+    if stagnation >= ctx.config.stagnation_window:
+        stop = f"stagnated ({stagnation} attempts without improvement)"
+    elif len(attempts) >= cycle["allowance"]:
+        stop = f"iteration allowance spent ({len(attempts)})"
+    else:
+        stop = ctx.cap_stop_reason()
+
+    update = {"cycle_best": best, "stagnation": stagnation, "feedback": _feedback(ctx, last, best)}
+    if stop is None:
+        return update
+    emit(runtime, "cycle_finished", cycle_id=cycle["id"], node_id=cycle["node_id"], passed=best is not None,
+         best_attempt=best["id"] if best else None, attempts=len(attempts), reason=stop)
+    result = {"cycle_id": cycle["id"], "node_id": cycle["node_id"], "best": best, "attempts": attempts, "stop": stop}
+    return {**update, "stop": stop, "finished_cycles": [result], "last_node": "action_cycle"}
+
+
+def continue_or_close(state: CycleState) -> str:
+    return END if state.get("stop") else "instantiate_code"

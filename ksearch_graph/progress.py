@@ -1,0 +1,58 @@
+"""The live CLI view: one line per event, from the graph's custom stream.
+
+Plain lines (not a redrawn screen) so the same view works in a terminal, a log file and CI.
+Every attempt line carries the budget, the attempt's status, the best score so far and the tokens spent.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from .store import RunStore
+
+
+class ProgressPrinter:
+    def __init__(self, store: RunStore, budget: int, out: TextIO = sys.stdout):
+        self.store = store
+        self.budget = budget
+        self.out = out
+        self.best: tuple[float, str] | None = None
+        self.titles: dict[str, str] = {}
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def __call__(self, event: dict) -> None:
+        kind = event.get("event")
+        if kind == "world_model":
+            self._print(f"[world model] {event['phase']}: {event['nodes']} nodes, {event['frontier']} open actions on the frontier")
+        elif kind == "cycle_started":
+            self.titles[event["cycle_id"]] = event["title"]
+            self._print(f"[cycle {event['cycle_id']}] {event['node_id']}: {event['title']} "
+                        f"(up to {event['allowance']} attempts)")
+        elif kind == "attempt":
+            self._attempt(event)
+        elif kind == "cycle_finished":
+            outcome = f"best {event['best_attempt']}" if event["passed"] else "nothing passed"
+            self._print(f"[cycle {event['cycle_id']}] closed after {event['attempts']} attempts: {outcome}; {event['reason']}")
+        elif kind == "new_best":
+            self._print(f"[best] {event['attempt_id']}: score {event['score']:.4g}x")
+        elif kind in ("edit_rejected", "planner_failed"):
+            self._print(f"[planner] edit rejected after retries: {'; '.join(event['errors'])[:300]}")
+        elif kind == "stopping":
+            self._print(f"[stop] {event['reason']}")
+
+    def _attempt(self, e: dict) -> None:
+        if e["status"] == "passed" and (self.best is None or e["score"] > self.best[0]):
+            self.best = (e["score"], e["attempt_id"])
+        tokens = self.store.token_totals()
+        best = f"{self.best[0]:.4g}x ({self.best[1]})" if self.best else "-"
+        score = f"{e['score']:.4g}x" if e["status"] == "passed" else ""
+        where = "seed" if e["prompt_kind"] == "seed" else f"{e['iteration']:>3}/{self.budget}"
+        cost = f" ${tokens['cost_usd']:.3f}" if tokens["cost_usd"] else ""
+        line = (f"[{where}] {e['attempt_id']:<7} {e['prompt_kind']:<7} {e['status']:<20} {score:<9} "
+                f"| best {best} | tokens {tokens['total_tokens']}{cost}")
+        self._print(line)
+        if e["status"] != "passed" and e.get("log"):
+            self._print("          " + e["log"].strip().splitlines()[0][:150])

@@ -1,0 +1,64 @@
+"""Graph state: small and JSON-native, because the checkpointer stores a full copy at every step.
+
+Code, logs and evaluation details live in the run store and are referenced here by id / hash.
+
+``SearchState`` is the main graph's state; ``CycleState`` is the state of one action cycle (the
+subgraph started with ``Send``). The two share exactly one key, ``finished_cycles``: a cycle's final
+node writes its result there, and the parent collects the results of all cycles of a round.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypedDict
+
+CLEAR = {"clear": True}
+
+
+def latest(current: str | None, update: str | None) -> str | None:
+    """Reducer for values that parallel cycles may write in the same step (the last one wins)."""
+    return update if update is not None else current
+
+
+def collect_cycles(current: list[dict] | None, update: list[dict] | dict | None) -> list[dict]:
+    """Reducer: cycles append their results; the world-model update clears them once merged."""
+    if update == CLEAR:
+        return []
+    return (current or []) + list(update or [])
+
+
+class SearchState(TypedDict, total=False):
+    world_model: dict  # WorldModel.to_state()
+    iterations_done: int  # evaluated attempts merged into the search so far
+    cycle_seq: int  # how many cycles were ever launched (cycle ids are c1, c2, ...)
+    selected: list[dict]  # the cycles select_plans launched this round (their Send payloads)
+    finished_cycles: Annotated[list[dict], collect_cycles]
+    merged_cycles: list[str]  # ids of cycles whose attempts belong to this state's history
+    best: dict | None  # {attempt_id, score, latency_us, node_id, source_hash}
+    stop_reason: str | None
+    last_node: Annotated[str, latest]  # the node that wrote this checkpoint (branching re-enters after it)
+
+
+class CycleState(TypedDict, total=False):
+    # Fixed for the cycle's life: {id, node_id, allowance, base_attempt_id, base_source_hash,
+    # best_score_at_start, iteration_base}
+    cycle: dict
+    attempts: list[dict]  # summaries of this cycle's evaluated attempts, oldest first
+    pending: dict | None  # a generated, not yet evaluated attempt: {id, prompt_kind, source_hash, ...}
+    cycle_best: dict | None  # best passing attempt summary of this cycle
+    stagnation: int  # consecutive non-improving attempts
+    feedback: str  # the reflection's words for the next attempt (failure log or performance summary)
+    stop: str | None  # why the cycle ended
+    finished_cycles: Annotated[list[dict], collect_cycles]
+    last_node: Annotated[str, latest]  # set to "action_cycle" when the cycle closes
+
+
+def attempt_summary(row: dict[str, Any]) -> dict[str, Any]:
+    """What the state keeps about an attempt (the store has the rest)."""
+    return {
+        "id": row["id"],
+        "status": row["status"],
+        "score": row["score"],
+        "latency_us": row["latency_us"],
+        "prompt_kind": row["prompt_kind"],
+        "source_hash": row["source_hash"],
+    }

@@ -1,0 +1,248 @@
+"""The run's artifact database (``store.sqlite`` in the run directory, sqlite-utils, WAL).
+
+Graph state stays small (ids, counters, the compact tree); everything big lives here:
+- ``sources``: candidate code, stored once per content hash,
+- ``attempts``: every attempt with its lineage, prompt kind, full evaluation result and log excerpt,
+- ``generations``: each code/plan generation keyed by a deterministic id, so a node re-run after a
+  crash reuses the answer instead of paying for it twice,
+- ``llm_calls``: the token/cost ledger per role,
+- ``world_models``: a snapshot of the tree after every update,
+- ``events``: a chronological log for progress views and reports.
+
+Several action cycles may write at once (threads), so every write takes a lock; SQLite in WAL mode
+lets readers (``ksearch show`` from another shell) look in while a run is writing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from .evaluation import EvalResult
+
+_SCHEMA = {
+    "sources": ({"hash": str, "files": str, "created": float}, "hash"),
+    "attempts": (
+        {
+            "id": str,
+            "iteration": int,
+            "cycle_id": str,
+            "node_id": str,
+            "prompt_kind": str,
+            "base_attempt_id": str,
+            "parent_attempt_id": str,
+            "source_hash": str,
+            "status": str,
+            "score": float,
+            "latency_us": float,
+            "result": str,
+            "log_excerpt": str,
+            "prompt_tokens": int,
+            "completion_tokens": int,
+            "codegen_s": float,
+            "eval_s": float,
+            "created": float,
+        },
+        "id",
+    ),
+    "generations": ({"key": str, "payload": str, "created": float}, "key"),
+    "llm_calls": (
+        {
+            "id": int,
+            "role": str,
+            "purpose": str,
+            "prompt_tokens": int,
+            "completion_tokens": int,
+            "cost_usd": float,
+            "seconds": float,
+            "created": float,
+        },
+        "id",
+    ),
+    "world_models": ({"id": int, "iteration": int, "reason": str, "tree": str, "created": float}, "id"),
+    "events": ({"id": int, "kind": str, "data": str, "created": float}, "id"),
+    "meta": ({"key": str, "value": str}, "key"),
+}
+
+
+def source_hash(files: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+class RunStore:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
+        self.db = sqlite_utils.Database(conn)
+        self.db.enable_wal()
+        self._lock = threading.RLock()
+        for name, (columns, pk) in _SCHEMA.items():
+            if not self.db[name].exists():
+                self.db[name].create(columns, pk=pk)
+        if not self.db["attempts"].indexes:
+            self.db["attempts"].create_index(["cycle_id"])
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # ------------------------------------------------------------------ sources and generations
+
+    def put_source(self, files: dict[str, str]) -> str:
+        digest = source_hash(files)
+        with self._lock:
+            self.db["sources"].insert(
+                {"hash": digest, "files": json.dumps(files), "created": time.time()}, ignore=True
+            )
+        return digest
+
+    def get_source(self, digest: str) -> dict[str, str]:
+        return json.loads(self.db["sources"].get(digest)["files"])
+
+    def get_generation(self, key: str) -> dict | None:
+        rows = list(self.db.query("select payload from generations where key = ?", [key]))
+        return json.loads(rows[0]["payload"]) if rows else None
+
+    def put_generation(self, key: str, payload: dict) -> None:
+        with self._lock:
+            self.db["generations"].insert(
+                {"key": key, "payload": json.dumps(payload), "created": time.time()}, replace=True
+            )
+
+    # ------------------------------------------------------------------ attempts
+
+    def get_attempt(self, attempt_id: str) -> dict | None:
+        rows = list(self.db.query("select * from attempts where id = ?", [attempt_id]))
+        return rows[0] if rows else None
+
+    def record_attempt(
+        self,
+        *,
+        attempt_id: str,
+        cycle_id: str,
+        node_id: str,
+        prompt_kind: str,
+        base_attempt_id: str | None,
+        parent_attempt_id: str | None,
+        source_hash: str,
+        result: EvalResult,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        codegen_s: float = 0.0,
+        eval_s: float = 0.0,
+    ) -> dict:
+        """Insert an evaluated attempt once. Returns the stored row (the existing one on a re-run)."""
+        with self._lock:
+            existing = self.get_attempt(attempt_id)
+            if existing is not None:
+                return existing
+            row = {
+                "id": attempt_id,
+                # The seed solution is measured but is not an iteration of the search.
+                "iteration": 0 if prompt_kind == "seed" else self.count_attempts() + 1,
+                "cycle_id": cycle_id,
+                "node_id": node_id,
+                "prompt_kind": prompt_kind,
+                "base_attempt_id": base_attempt_id,
+                "parent_attempt_id": parent_attempt_id,
+                "source_hash": source_hash,
+                "status": result.status.value,
+                "score": result.score,
+                "latency_us": result.latency_us,
+                "result": result.model_dump_json(),
+                "log_excerpt": result.log_excerpt,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "codegen_s": codegen_s,
+                "eval_s": eval_s,
+                "created": time.time(),
+            }
+            self.db["attempts"].insert(row)
+            return row
+
+    def count_attempts(self) -> int:
+        return self.db.execute("select count(*) from attempts where prompt_kind != 'seed'").fetchone()[0]
+
+    def attempts(self) -> list[dict]:
+        return list(self.db.query("select * from attempts order by iteration, created"))
+
+    def active_seconds(self) -> float:
+        """Time spent generating and evaluating, summed over every process that worked on the run."""
+        a = self.db.execute("select coalesce(sum(codegen_s + eval_s), 0) from attempts").fetchone()[0]
+        b = self.db.execute("select coalesce(sum(seconds), 0) from llm_calls where purpose != 'code'").fetchone()[0]
+        return float(a + b)
+
+    # ------------------------------------------------------------------ ledger
+
+    def record_llm_call(self, role: str, purpose: str, usage: dict, seconds: float) -> None:
+        with self._lock:
+            self.db["llm_calls"].insert(
+                {
+                    "role": role,
+                    "purpose": purpose,
+                    "prompt_tokens": int(usage.get("prompt_tokens", 0)),
+                    "completion_tokens": int(usage.get("completion_tokens", 0)),
+                    "cost_usd": float(usage.get("cost_usd", 0.0)),
+                    "seconds": seconds,
+                    "created": time.time(),
+                }
+            )
+
+    def token_totals(self) -> dict[str, Any]:
+        per_role = {
+            r["role"]: {k: r[k] for k in ("prompt_tokens", "completion_tokens", "cost_usd", "calls")}
+            for r in self.db.query(
+                "select role, sum(prompt_tokens) prompt_tokens, sum(completion_tokens) completion_tokens, "
+                "sum(cost_usd) cost_usd, count(*) calls from llm_calls group by role"
+            )
+        }
+        total = sum(v["prompt_tokens"] + v["completion_tokens"] for v in per_role.values())
+        cost = sum(v["cost_usd"] for v in per_role.values())
+        return {"total_tokens": total, "cost_usd": round(cost, 6), "per_role": per_role}
+
+    # ------------------------------------------------------------------ world models, events, meta
+
+    def snapshot_world_model(self, tree: dict, *, iteration: int, reason: str) -> None:
+        with self._lock:
+            self.db["world_models"].insert(
+                {"iteration": iteration, "reason": reason, "tree": json.dumps(tree), "created": time.time()}
+            )
+
+    def log_event(self, kind: str, **data: Any) -> None:
+        with self._lock:
+            self.db["events"].insert({"kind": kind, "data": json.dumps(data, default=str), "created": time.time()})
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        sql, args = "select * from events", []
+        if kind:
+            sql, args = sql + " where kind = ?", [kind]
+        return [dict(r, data=json.loads(r["data"])) for r in self.db.query(sql + " order by id", args)]
+
+    def set_meta(self, key: str, value: Any) -> None:
+        with self._lock:
+            self.db["meta"].insert({"key": key, "value": json.dumps(value)}, replace=True)
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        rows = list(self.db.query("select value from meta where key = ?", [key]))
+        return json.loads(rows[0]["value"]) if rows else default
+
+    # ------------------------------------------------------------------ branching
+
+    def keep_only_cycles(self, cycle_ids: set[str]) -> int:
+        """Drop attempts of cycles not in ``cycle_ids`` (used on a branch's copy). Returns how many went."""
+        with self._lock:
+            doomed = [r["id"] for r in self.db.query("select id, cycle_id from attempts") if r["cycle_id"] not in cycle_ids]
+            for attempt_id in doomed:
+                self.db["attempts"].delete(attempt_id)
+                self.db.execute("delete from generations where key like ?", [attempt_id + ":%"])
+            self.db.conn.commit()
+            return len(doomed)

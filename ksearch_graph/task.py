@@ -1,0 +1,160 @@
+"""A kernel task: what to optimise, how to check it, and on which inputs.
+
+A task is a folder with a ``task.json`` (see ``TaskSpec``) next to the files it names:
+
+- ``spec.md``: the problem statement shown to the planner and coder,
+- ``reference.py``: ``make_inputs(params, seed, device) -> tuple`` and ``reference(*inputs) -> Tensor``,
+- optionally a seed solution, and for the offline (no-LLM) search a parameterised template.
+
+The task is loaded once, validated with pydantic, and turned into a small JSON-friendly ``Task``
+that the graph and the evaluator share. A malformed task file is a ``TaskError`` with a message
+that names the file and the field, never a traceback from deep inside the search.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+Language = Literal["triton", "pytorch", "cuda"]
+
+
+class TaskError(ValueError):
+    """The task folder or its task.json is not usable."""
+
+
+class Tolerance(BaseModel):
+    atol: float = Field(1e-5, ge=0)
+    rtol: float = Field(1e-5, ge=0)
+    # Fraction of elements that must be within tolerance (1.0 = all). FP8/FP4 tasks use e.g. 0.95.
+    matched_ratio: float = Field(1.0, gt=0, le=1)
+
+
+class Workload(BaseModel):
+    name: str
+    params: dict[str, Any]
+
+
+class TemplateParameter(BaseModel):
+    """One knob of the offline template: its allowed values, in a meaningful order."""
+
+    values: list[Any] = Field(min_length=1)
+    default: Any
+    # Which axis of the kernel it mostly affects; the offline planner words its actions with it.
+    affects: str = ""
+
+    @field_validator("default")
+    @classmethod
+    def _default_allowed(cls, v: Any, info) -> Any:
+        values = info.data.get("values") or []
+        if values and v not in values:
+            raise ValueError(f"default {v!r} is not one of {values!r}")
+        return v
+
+
+class TemplateVariant(BaseModel):
+    """An algorithm family of the template, e.g. single-pass vs. online softmax."""
+
+    title: str
+    description: str
+    difficulty: int = Field(2, ge=1, le=5)
+    prior: float = Field(0.5, ge=0, le=1)  # how promising the offline planner thinks it is
+
+
+class TemplateSpec(BaseModel):
+    """A parameterised kernel the offline coder fills in (``{{NAME}}`` placeholders)."""
+
+    file: str
+    parameters: dict[str, TemplateParameter]
+    variants: dict[str, TemplateVariant] = Field(min_length=1)
+
+
+class TaskSpec(BaseModel):
+    """The on-disk ``task.json``."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    spec: str = "spec.md"
+    reference: str = "reference.py"
+    entry_point: str = Field(min_length=1)
+    language: Language = "triton"
+    solution_file: str = "kernel.py"
+    tolerance: Tolerance = Tolerance()
+    workloads: list[Workload] = Field(min_length=1)
+    # The subset used for feedback during search; all workloads when empty.
+    feedback_workloads: list[str] = []
+    correctness_seeds: int = Field(3, ge=1, le=32)
+    seed_solution: str | None = None
+    template: TemplateSpec | None = None
+
+
+class Task(BaseModel):
+    """A loaded task: the spec plus the texts the prompts and the evaluator need."""
+
+    root: str  # absolute path of the task folder
+    spec: TaskSpec
+    spec_text: str
+    reference_source: str
+    seed_source: str | None = None
+    template_source: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def feedback_workloads(self) -> list[Workload]:
+        wanted = self.spec.feedback_workloads
+        if not wanted:
+            return list(self.spec.workloads)
+        return [w for w in self.spec.workloads if w.name in wanted]
+
+    def path(self, relative: str) -> Path:
+        return Path(self.root) / relative
+
+
+def _read(folder: Path, relative: str, what: str) -> str:
+    path = folder / relative
+    if not path.is_file():
+        raise TaskError(f"{folder}/task.json names {what} '{relative}', but {path} does not exist")
+    return path.read_text()
+
+
+def load_task(path: str | Path) -> Task:
+    """Load a task folder (or its task.json). Raises TaskError with a readable message."""
+    path = Path(path).resolve()
+    folder = path.parent if path.is_file() else path
+    manifest = folder / "task.json"
+    if not manifest.is_file():
+        raise TaskError(f"{folder} is not a task folder: it has no task.json")
+    try:
+        raw = json.loads(manifest.read_text())
+    except json.JSONDecodeError as e:
+        raise TaskError(f"{manifest} is not valid JSON: {e}") from None
+    try:
+        spec = TaskSpec.model_validate(raw)
+    except ValidationError as e:
+        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
+        raise TaskError(f"{manifest} is not a valid task:\n" + "\n".join(lines)) from None
+    names = [w.name for w in spec.workloads]
+    if len(set(names)) != len(names):
+        raise TaskError(f"{manifest}: workload names must be unique")
+    unknown = sorted(set(spec.feedback_workloads) - set(names))
+    if unknown:
+        raise TaskError(f"{manifest}: feedback_workloads names unknown workloads {unknown}")
+    template_source = None
+    if spec.template is not None:
+        template_source = _read(folder, spec.template.file, "template")
+        for name in spec.template.parameters:
+            if "{{" + name + "}}" not in template_source:
+                raise TaskError(f"{manifest}: template parameter {name} has no {{{{{name}}}}} in {spec.template.file}")
+    return Task(
+        root=str(folder),
+        spec=spec,
+        spec_text=_read(folder, spec.spec, "spec"),
+        reference_source=_read(folder, spec.reference, "reference"),
+        seed_source=_read(folder, spec.seed_solution, "seed_solution") if spec.seed_solution else None,
+        template_source=template_source,
+    )
