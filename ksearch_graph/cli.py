@@ -35,6 +35,8 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--structured-method", default="json_schema",
                    choices=["json_schema", "function_calling", "json_mode", "raw"])
     p.add_argument("--temperature", type=float)
+    p.add_argument("--llm-retries", type=int, default=5, help="retries of a failed API call before pausing the run")
+    p.add_argument("--llm-backoff", type=float, default=2.0, help="first retry delay in seconds (doubles each time)")
     p.add_argument("-k", "--parallel-cycles", type=int, default=1, help="action cycles run side by side")
     p.add_argument("--policy", choices=["greedy", "failure_aware"], default="greedy")
     p.add_argument("--stagnation-window", type=int, default=5)
@@ -57,7 +59,8 @@ def _config_from_args(args) -> SearchConfig:
             if not name:
                 raise SystemExit(f"ksearch: --{role.split('_')[0]}-model or --model is needed")
             settings[role] = LLMSettings(model=name, base_url=args.base_url, api_key_env=args.api_key_env,
-                                         structured_method=args.structured_method, temperature=args.temperature)
+                                         structured_method=args.structured_method, temperature=args.temperature,
+                                         max_retries=args.llm_retries, backoff_s=args.llm_backoff)
     return SearchConfig(
         budget=Budget(iterations=args.iterations, max_tokens=args.max_tokens, max_cost_usd=args.max_cost,
                       max_wall_s=args.max_wall),

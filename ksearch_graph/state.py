@@ -9,7 +9,7 @@ node writes its result there, and the parent collects the results of all cycles 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, TypedDict
 
 CLEAR = {"clear": True}
 
@@ -42,7 +42,10 @@ class CycleState(TypedDict, total=False):
     # Fixed for the cycle's life: {id, node_id, allowance, base_attempt_id, base_source_hash,
     # best_score_at_start, iteration_base}
     cycle: dict
-    attempts: list[dict]  # summaries of this cycle's evaluated attempts, oldest first
+    # Only the last and the best attempt live in state (the store has them all): a long cycle must
+    # not make every checkpoint longer.
+    n_attempts: int
+    last: dict | None  # summary of the latest evaluated attempt
     pending: dict | None  # a generated, not yet evaluated attempt: {id, prompt_kind, source_hash, ...}
     cycle_best: dict | None  # best passing attempt summary of this cycle
     stagnation: int  # consecutive non-improving attempts
@@ -50,15 +53,3 @@ class CycleState(TypedDict, total=False):
     stop: str | None  # why the cycle ended
     finished_cycles: Annotated[list[dict], collect_cycles]
     last_node: Annotated[str, latest]  # set to "action_cycle" when the cycle closes
-
-
-def attempt_summary(row: dict[str, Any]) -> dict[str, Any]:
-    """What the state keeps about an attempt (the store has the rest)."""
-    return {
-        "id": row["id"],
-        "status": row["status"],
-        "score": row["score"],
-        "latency_us": row["latency_us"],
-        "prompt_kind": row["prompt_kind"],
-        "source_hash": row["source_hash"],
-    }

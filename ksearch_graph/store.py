@@ -15,6 +15,7 @@ lets readers (``ksearch show`` from another shell) look in while a run is writin
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sqlite3
@@ -72,11 +73,34 @@ _SCHEMA = {
 }
 
 
+def _locked(method):
+    """Every DB access holds the store's lock: cycles run in threads and share one connection."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 def source_hash(files: dict[str, str]) -> str:
     h = hashlib.sha256()
     for name in sorted(files):
         h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
     return h.hexdigest()[:16]
+
+
+def attempt_summary(row: dict[str, Any]) -> dict[str, Any]:
+    """What graph state keeps about an attempt (the store has the rest)."""
+    return {
+        "id": row["id"],
+        "status": row["status"],
+        "score": row["score"],
+        "latency_us": row["latency_us"],
+        "prompt_kind": row["prompt_kind"],
+        "source_hash": row["source_hash"],
+    }
 
 
 class RunStore:
@@ -92,11 +116,13 @@ class RunStore:
         if not self.db["attempts"].indexes:
             self.db["attempts"].create_index(["cycle_id"])
 
+    @_locked
     def close(self) -> None:
         self.db.conn.close()
 
     # ------------------------------------------------------------------ sources and generations
 
+    @_locked
     def put_source(self, files: dict[str, str]) -> str:
         digest = source_hash(files)
         with self._lock:
@@ -105,13 +131,16 @@ class RunStore:
             )
         return digest
 
+    @_locked
     def get_source(self, digest: str) -> dict[str, str]:
         return json.loads(self.db["sources"].get(digest)["files"])
 
+    @_locked
     def get_generation(self, key: str) -> dict | None:
         rows = list(self.db.query("select payload from generations where key = ?", [key]))
         return json.loads(rows[0]["payload"]) if rows else None
 
+    @_locked
     def put_generation(self, key: str, payload: dict) -> None:
         with self._lock:
             self.db["generations"].insert(
@@ -120,6 +149,7 @@ class RunStore:
 
     # ------------------------------------------------------------------ attempts
 
+    @_locked
     def get_attempt(self, attempt_id: str) -> dict | None:
         rows = list(self.db.query("select * from attempts where id = ?", [attempt_id]))
         return rows[0] if rows else None
@@ -169,12 +199,21 @@ class RunStore:
             self.db["attempts"].insert(row)
             return row
 
+    @_locked
+    def cycle_attempts(self, cycle_id: str) -> list[dict]:
+        """Summaries of one cycle's attempts, oldest first."""
+        rows = self.db.query("select * from attempts where cycle_id = ? order by iteration", [cycle_id])
+        return [attempt_summary(r) for r in rows]
+
+    @_locked
     def count_attempts(self) -> int:
         return self.db.execute("select count(*) from attempts where prompt_kind != 'seed'").fetchone()[0]
 
+    @_locked
     def attempts(self) -> list[dict]:
         return list(self.db.query("select * from attempts order by iteration, created"))
 
+    @_locked
     def active_seconds(self) -> float:
         """Time spent generating and evaluating, summed over every process that worked on the run."""
         a = self.db.execute("select coalesce(sum(codegen_s + eval_s), 0) from attempts").fetchone()[0]
@@ -183,6 +222,7 @@ class RunStore:
 
     # ------------------------------------------------------------------ ledger
 
+    @_locked
     def record_llm_call(self, role: str, purpose: str, usage: dict, seconds: float) -> None:
         with self._lock:
             self.db["llm_calls"].insert(
@@ -197,6 +237,7 @@ class RunStore:
                 }
             )
 
+    @_locked
     def token_totals(self) -> dict[str, Any]:
         per_role = {
             r["role"]: {k: r[k] for k in ("prompt_tokens", "completion_tokens", "cost_usd", "calls")}
@@ -211,32 +252,38 @@ class RunStore:
 
     # ------------------------------------------------------------------ world models, events, meta
 
+    @_locked
     def snapshot_world_model(self, tree: dict, *, iteration: int, reason: str) -> None:
         with self._lock:
             self.db["world_models"].insert(
                 {"iteration": iteration, "reason": reason, "tree": json.dumps(tree), "created": time.time()}
             )
 
+    @_locked
     def log_event(self, kind: str, **data: Any) -> None:
         with self._lock:
             self.db["events"].insert({"kind": kind, "data": json.dumps(data, default=str), "created": time.time()})
 
+    @_locked
     def events(self, kind: str | None = None) -> list[dict]:
         sql, args = "select * from events", []
         if kind:
             sql, args = sql + " where kind = ?", [kind]
         return [dict(r, data=json.loads(r["data"])) for r in self.db.query(sql + " order by id", args)]
 
+    @_locked
     def set_meta(self, key: str, value: Any) -> None:
         with self._lock:
             self.db["meta"].insert({"key": key, "value": json.dumps(value)}, replace=True)
 
+    @_locked
     def get_meta(self, key: str, default: Any = None) -> Any:
         rows = list(self.db.query("select value from meta where key = ?", [key]))
         return json.loads(rows[0]["value"]) if rows else default
 
     # ------------------------------------------------------------------ branching
 
+    @_locked
     def keep_only_cycles(self, cycle_ids: set[str]) -> int:
         """Drop attempts of cycles not in ``cycle_ids`` (used on a branch's copy). Returns how many went."""
         with self._lock:

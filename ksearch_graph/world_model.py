@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ROOT = "root"
 MAX_NEW_NODES = 3  # per edit script after initialisation (METHOD.md)
@@ -137,6 +137,11 @@ class WorldModel(BaseModel):
 # ----------------------------------------------------------------------------- edit scripts
 
 
+# Ops reject unknown fields: an update with a misspelt field (say "V" or "gain", the short names
+# render() shows) would otherwise be accepted as a silent no-op instead of fed back to the planner.
+_STRICT = ConfigDict(extra="forbid")
+
+
 class Reflection(BaseModel):
     """The reflection the update must write into the node it learned about (METHOD.md step 5)."""
 
@@ -147,6 +152,8 @@ class Reflection(BaseModel):
 
 
 class InsertOp(BaseModel):
+    model_config = _STRICT
+
     op: Literal["insert"]
     parent: str = Field(description="id of an existing node, or the ref of a node inserted earlier in this script")
     ref: str | None = Field(None, description="optional local name other ops of this script can use as parent")
@@ -157,6 +164,8 @@ class InsertOp(BaseModel):
 
 
 class UpdateOp(BaseModel):
+    model_config = _STRICT
+
     op: Literal["update"]
     node: str
     value: float | None = Field(None, ge=0, le=1)
@@ -172,6 +181,8 @@ class UpdateOp(BaseModel):
 
 
 class PruneOp(BaseModel):
+    model_config = _STRICT
+
     op: Literal["prune"]
     node: str
     reason: str = Field("", max_length=500)
@@ -179,6 +190,8 @@ class PruneOp(BaseModel):
 
 class SplitOp(BaseModel):
     """Turn an open node into a decision node whose children are smaller or alternative actions."""
+
+    model_config = _STRICT
 
     op: Literal["split"]
     node: str
@@ -228,7 +241,9 @@ def apply_edits(
     created: list[str] = []
 
     def resolve(name: str) -> str | None:
-        return refs.get(name, name if name in new.nodes else None)
+        # A ref may name a node that an earlier op of this script pruned: it no longer exists.
+        nid = refs.get(name, name)
+        return nid if nid in new.nodes else None
 
     for i, op in enumerate(script.ops):
         where = f"ops[{i}] ({op.op})"
@@ -300,6 +315,11 @@ def apply_edits(
             if node.kind != "open":
                 errors.append(f"{where}: only open nodes can be split; '{op.node}' is {node.kind}")
                 continue
+            if new.children(nid):
+                # Its children are later steps of a chain; as alternatives of a decision they would
+                # become selectable before the step they build on was implemented.
+                errors.append(f"{where}: '{op.node}' has later steps below it; prune them first or split a leaf")
+                continue
             node.kind = "decision"
             for action in op.into:
                 cid = new._new_id()
@@ -355,12 +375,14 @@ def check_invariants(before: WorldModel, after: WorldModel) -> list[str]:
 
 
 def _has_open_descendant(wm: WorldModel, nid: str) -> bool:
-    stack = [nid]
+    stack, seen = [nid], {nid}  # ``seen``: a hand-edited tree may have a cycle (reported separately)
     while stack:
         for child in wm.children(stack.pop()):
             if child.kind == "open":
                 return True
-            stack.append(child.id)
+            if child.id not in seen:
+                seen.add(child.id)
+                stack.append(child.id)
     return False
 
 
@@ -441,15 +463,18 @@ def render(wm: WorldModel, *, budget_chars: int = 6000, focus: str | None = None
         )
     ]
     order += list(wm.nodes)
-    seen: set[str] = set()
+    every = [
+        json.dumps(_compact(wm.nodes[nid]), separators=(",", ":"), ensure_ascii=False)
+        for nid in dict.fromkeys(order)
+    ]
+    if sum(len(line) + 1 for line in every) - 1 <= budget_chars:
+        return "\n".join(every)
+    # Not everything fits: keep room for the "... N more nodes" line (the root is always shown).
+    trailer = len(f"... {len(wm.nodes)} more nodes not shown (lower priority)")
     lines: list[str] = []
     used = 0
-    for nid in order:
-        if nid in seen:
-            continue
-        seen.add(nid)
-        line = json.dumps(_compact(wm.nodes[nid]), separators=(",", ":"), ensure_ascii=False)
-        if used + len(line) + 1 > budget_chars and lines:
+    for line in every:
+        if lines and used + len(line) + 1 + trailer > budget_chars:
             break
         lines.append(line)
         used += len(line) + 1

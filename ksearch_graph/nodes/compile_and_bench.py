@@ -16,7 +16,8 @@ from langgraph.runtime import Runtime
 
 from ..context import SearchContext
 from ..evaluation import EvalResult, Status
-from ..state import CycleState, attempt_summary
+from ..state import CycleState
+from ..store import attempt_summary
 from ._common import emit
 
 
@@ -96,4 +97,4 @@ def compile_and_bench(state: CycleState, runtime: Runtime[SearchContext]) -> dic
         # Nothing to beat yet means nothing to confirm against.
         confirm_above=bar * (1 + ctx.config.noise_margin) if ctx.config.confirm_new_best and bar > 0 else None,
     )
-    return {"attempts": state.get("attempts", []) + [attempt_summary(row)], "pending": None}
+    return {"last": attempt_summary(row), "n_attempts": state.get("n_attempts", 0) + 1, "pending": None}

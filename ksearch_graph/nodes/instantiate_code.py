@@ -21,11 +21,11 @@ from ._common import emit
 def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
     ctx = runtime.context
     cycle = state["cycle"]
-    attempts = state.get("attempts", [])
-    attempt_id = f"{cycle['id']}.{len(attempts) + 1}"
+    n_attempts = state.get("n_attempts", 0)
+    attempt_id = f"{cycle['id']}.{n_attempts + 1}"
     best = state.get("cycle_best")
-    kind = "first" if not attempts else ("improve" if best else "debug")
-    last = attempts[-1] if attempts else None
+    kind = "first" if not n_attempts else ("improve" if best else "debug")
+    last = state.get("last")
 
     cached = ctx.store.get_generation(f"{attempt_id}:code")
     if cached is None:
@@ -46,7 +46,7 @@ def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict
             last_files=ctx.store.get_source(last["source_hash"]) if last and last["source_hash"] else None,
             last_summary=last,
             feedback=state.get("feedback", ""),
-            history=attempts,
+            history=ctx.store.cycle_attempts(cycle["id"]),
         )
         started = time.monotonic()
         answer = ctx.coder.write(request)

@@ -39,8 +39,8 @@ def _feedback(ctx: SearchContext, last: dict, best: dict | None) -> str:
 def reflect(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
     ctx = runtime.context
     cycle = state["cycle"]
-    attempts = state["attempts"]
-    last = attempts[-1]
+    n_attempts = state["n_attempts"]
+    last = state["last"]
     best = state.get("cycle_best")
     improved = last["status"] == "passed" and (
         best is None or last["score"] > best["score"] * (1 + ctx.config.noise_margin)
@@ -53,8 +53,8 @@ def reflect(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
     stop = None
     if stagnation >= ctx.config.stagnation_window:
         stop = f"stagnated ({stagnation} attempts without improvement)"
-    elif len(attempts) >= cycle["allowance"]:
-        stop = f"iteration allowance spent ({len(attempts)})"
+    elif n_attempts >= cycle["allowance"]:
+        stop = f"iteration allowance spent ({n_attempts})"
     else:
         stop = ctx.cap_stop_reason()
 
@@ -62,8 +62,8 @@ def reflect(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
     if stop is None:
         return update
     emit(runtime, "cycle_finished", cycle_id=cycle["id"], node_id=cycle["node_id"], passed=best is not None,
-         best_attempt=best["id"] if best else None, attempts=len(attempts), reason=stop)
-    result = {"cycle_id": cycle["id"], "node_id": cycle["node_id"], "best": best, "attempts": attempts, "stop": stop}
+         best_attempt=best["id"] if best else None, attempts=n_attempts, reason=stop)
+    result = {"cycle_id": cycle["id"], "node_id": cycle["node_id"], "best": best, "n_attempts": n_attempts, "stop": stop}
     return {**update, "stop": stop, "finished_cycles": [result], "last_node": "action_cycle"}
 
 

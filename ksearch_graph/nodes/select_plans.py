@@ -66,7 +66,7 @@ def launch_cycles(state: SearchState):
     if state.get("stop_reason") or not state.get("selected"):
         return "finalize"
     return [
-        Send("action_cycle", {"cycle": c, "attempts": [], "pending": None, "cycle_best": None,
+        Send("action_cycle", {"cycle": c, "n_attempts": 0, "last": None, "pending": None, "cycle_best": None,
                               "stagnation": 0, "stop": None, "feedback": ""})
         for c in state["selected"]
     ]

@@ -125,7 +125,7 @@ def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> d
     merged = list(state.get("merged_cycles", []))
     for result in sorted(state.get("finished_cycles", []), key=lambda r: int(r["cycle_id"][1:])):
         node_id, cycle_id = result["node_id"], result["cycle_id"]
-        iterations += len(result["attempts"])
+        iterations += result["n_attempts"]
         merged.append(cycle_id)
         if node_id not in wm.nodes:  # pruned meanwhile by another cycle's update: keep the evidence only
             emit(runtime, "cycle_orphaned", cycle_id=cycle_id, node_id=node_id)
@@ -170,7 +170,8 @@ def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> d
 def _evidence(ctx: SearchContext, wm: WorldModel, result: dict) -> Evidence:
     node_id = result["node_id"]
     base = wm.code_parent(node_id).attachment
-    failed = [a for a in result["attempts"] if a["status"] != "passed"]
+    attempts = ctx.store.cycle_attempts(result["cycle_id"])
+    failed = [a for a in attempts if a["status"] != "passed"]
     last_log = ""
     if failed:
         row = ctx.store.get_attempt(failed[-1]["id"])
@@ -180,7 +181,7 @@ def _evidence(ctx: SearchContext, wm: WorldModel, result: dict) -> Evidence:
         node_id=node_id,
         cycle_id=result["cycle_id"],
         passed=best is not None,
-        attempts=result["attempts"],
+        attempts=attempts,
         best=best,
         best_files=ctx.store.get_source(best["source_hash"]) if best else None,
         parent_score=base.score if base else None,

@@ -1,0 +1,163 @@
+"""The `ksearch` command end to end, as a user runs it: real subprocesses, real run directories.
+
+Includes the crash test: a real `ksearch run` is killed with SIGKILL at random moments and resumed until
+it finishes; it must end with the same number of attempts as an uninterrupted run, and no duplicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, run_cli
+
+ITERATIONS = 5
+
+
+def _show(run_dir: Path) -> dict:
+    return json.loads(run_cli("show", str(run_dir), "--json", check=True).stdout)
+
+
+def _attempt_rows(run_dir: Path) -> list[tuple]:
+    with sqlite3.connect(run_dir / "store.sqlite") as db:
+        return db.execute("select id, cycle_id, iteration, status from attempts where prompt_kind != 'seed' "
+                          "order by iteration").fetchall()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("cli") / "run"
+    proc = run_cli("run", str(SOFTMAX), "--run-dir", str(run_dir), "--iterations", str(ITERATIONS),
+                   "--stagnation-window", "2", check=True)
+    assert "OFFLINE (no LLM)" in proc.stdout and "not K-Search's intelligence" in proc.stdout
+    assert f"[  {ITERATIONS}/{ITERATIONS}]" in proc.stdout  # the live view shows the budget
+    return run_dir
+
+
+def test_run_show_history(finished_run):
+    info = _show(finished_run)
+    assert info["iterations_done"] == ITERATIONS and info["attempts"] == ITERATIONS
+    assert info["status"] == "finished" and info["planner"] == "offline"
+    assert info["best"]["attempt_id"] and info["best"]["score"] > 0
+    assert {"total_tokens", "per_role"} <= set(info["tokens"])
+    assert (finished_run / "best" / "kernel.py").is_file()
+    text = run_cli("show", str(finished_run), check=True).stdout
+    assert "world model" in text and "+ n" in text  # at least one closed node in the tree view
+    hist = run_cli("history", str(finished_run), "--json", check=True)
+    rows = json.loads(hist.stdout)
+    assert rows[-1]["node"] == "finalize" and rows[-1]["iteration"] == ITERATIONS
+    assert {"init_world_model", "select_plans", "action_cycle", "update_world_model"} <= {r["node"] for r in rows}
+
+
+def test_resume_of_finished_run_says_so_and_can_extend(finished_run, tmp_path):
+    proc = run_cli("resume", str(finished_run), check=True)
+    assert "finished" in proc.stdout
+    copy = tmp_path / "copied"  # a run directory is self-contained: copy it and continue elsewhere
+    subprocess.run(["cp", "-r", str(finished_run), str(copy)], check=True)
+    proc = run_cli("resume", str(copy), "--iterations", str(ITERATIONS + 1), check=True)
+    assert "budget raised" in proc.stdout
+    assert _show(copy)["iterations_done"] == ITERATIONS + 1
+    assert _show(finished_run)["iterations_done"] == ITERATIONS
+
+
+def _digest(run_dir: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(run_dir.rglob("*")):
+        if p.is_file():
+            h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def test_branch_with_edited_world_model_leaves_source_untouched(finished_run, tmp_path):
+    rows = json.loads(run_cli("history", str(finished_run), "--json", check=True).stdout)
+    at = next(r for r in rows if r["node"] == "update_world_model")
+    wm = json.loads(run_cli("show", str(finished_run), "--world-model", "--at", at["checkpoint"], check=True).stdout)
+    frontier_root = [nid for nid, n in wm["nodes"].items() if n["kind"] == "open" and n["parent"] == "root"]
+    wm["nodes"][frontier_root[-1]]["action"]["value"] = 1.0  # steer the branch towards another family
+    edited = tmp_path / "wm.json"
+    edited.write_text(json.dumps(wm))
+    before = _digest(finished_run)
+
+    into = tmp_path / "branch"
+    run_cli("branch", str(finished_run), "--at", at["checkpoint"], "--world-model", str(edited),
+            "--into", str(into), check=True)
+    proc = run_cli("resume", str(into), check=True)
+    assert f"{frontier_root[-1]}:" in proc.stdout  # the edited action was selected first
+
+    assert _digest(finished_run) == before  # the source run and its history are untouched
+    info = _show(into)
+    assert info["branched_from"]["checkpoint"] == at["checkpoint"]
+    assert info["iterations_done"] == ITERATIONS
+    branch_rows = _attempt_rows(into)
+    kept = [r for r in _attempt_rows(finished_run) if r[2] <= at["iteration"]]
+    assert branch_rows[: len(kept)] == kept  # the branch's past is the source's past up to the fork
+    hist = json.loads(run_cli("history", str(into), "--json", check=True).stdout)
+    assert hist[0]["iteration"] == at["iteration"]
+
+
+def test_bad_inputs_give_clear_errors(tmp_path):
+    bad = tmp_path / "task"
+    bad.mkdir()
+    (bad / "task.json").write_text('{"name": "x", "workloads": []}')
+    proc = run_cli("run", str(bad), "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "entry_point" in proc.stderr and "Traceback" not in proc.stderr
+    (bad / "task.json").write_text("{not json")
+    proc = run_cli("run", str(bad), "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "not valid JSON" in proc.stderr
+    proc = run_cli("resume", str(tmp_path / "nowhere"))
+    assert proc.returncode == 2 and "not a run directory" in proc.stderr
+    proc = run_cli("branch", str(tmp_path / "nowhere"), "--at", "x", "--into", str(tmp_path / "b"))
+    assert proc.returncode == 2
+
+
+def test_dead_endpoint_pauses_then_resume_with_server_back(tmp_path):
+    # Nothing listens on this port: the run pauses with exit code 75 and a clear message.
+    with FakeOpenAIServer() as probe:
+        url = probe.base_url
+    run_dir = tmp_path / "run"
+    proc = run_cli("run", str(SOFTMAX), "--run-dir", str(run_dir), "--iterations", "1", "--model", "m",
+                   "--base-url", url, "--llm-retries", "2", "--llm-backoff", "0.01")
+    assert proc.returncode == 75, proc.stderr
+    assert "paused" in proc.stderr and "ksearch resume" in proc.stderr and "Traceback" not in proc.stderr
+    assert _show(run_dir)["status"] == "paused"
+
+
+def test_kill9_at_random_moments_then_resume_matches_uninterrupted(finished_run, tmp_path):
+    rng = random.Random(int(os.environ.get("KSEARCH_KILL_SEED", "7")))
+    run_dir = tmp_path / "killed"
+    args = ["run", str(SOFTMAX), "--run-dir", str(run_dir), "--iterations", str(ITERATIONS),
+            "--stagnation-window", "2", "--quiet"]
+    kills = 0
+    for round_ in range(12):
+        proc = subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli", *args], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            proc.wait(timeout=rng.uniform(0.5, 12.0) if kills < 4 else 600)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+        else:
+            assert proc.returncode == 0, proc.stderr.read()
+            break
+        finally:
+            proc.stderr.close()
+        if (run_dir / "run.json").exists():  # killed before run.json was written: start again
+            args = ["resume", str(run_dir), "--quiet"]
+        time.sleep(0.2)
+    assert kills >= 1
+    rows = _attempt_rows(run_dir)
+    assert len(rows) == ITERATIONS == len(_attempt_rows(finished_run))
+    assert [r[2] for r in rows] == list(range(1, ITERATIONS + 1))  # no gap, no repeat
+    assert len({r[0] for r in rows}) == ITERATIONS
+    info = _show(run_dir)
+    assert info["iterations_done"] == ITERATIONS and info["status"] == "finished"

@@ -1,0 +1,203 @@
+"""Every path of the search graph, with a scripted chat model standing in for the LLM's judgement.
+
+Everything else is real: the LLM planner/coder with their prompts and parsers, the LangGraph graph
+with the SQLite checkpointer, the run store, and the subprocess evaluator running Triton kernels in
+the interpreter on the softmax example.
+"""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from conftest import SOFTMAX, insert, kernel_answer, script
+from ksearch_graph.config import Budget, SearchConfig
+from ksearch_graph.llm import EndpointUnavailable, LLMSettings
+from ksearch_graph.llm_agents import LLMCoder, LLMPlanner
+from ksearch_graph.search import drive, history, make_context, start, summary
+from ksearch_graph.world_model import WorldModel
+
+SETTINGS = LLMSettings(model="scripted", backoff_s=0.01, max_retries=2)
+
+
+def _run(tmp_path, scripted, *, iterations=3, window=2, k=1, name="run", **config):
+    cfg = SearchConfig(budget=Budget(iterations=iterations), stagnation_window=window, parallel_cycles=k,
+                       planner="llm", planner_llm=SETTINGS, coder_llm=SETTINGS, **config)
+    run = start(SOFTMAX, tmp_path / name, cfg)
+    events: list[dict] = []
+    ctx = make_context(run, planner=LLMPlanner(SETTINGS, scripted), coder=LLMCoder(SETTINGS, scripted))
+    return run, ctx, events
+
+
+def _drive(run, ctx, events, fresh=True):
+    return drive(run, ctx, fresh=fresh, on_event=events.append)
+
+
+def _init(n=3):
+    return script([insert("root", f"idea {i}", value=0.9 - 0.1 * i) for i in range(n)], reflect=False,
+                  analysis="row softmax is memory bound")
+
+
+def test_passing_cycle_closes_node_and_update_extends_tree(tmp_path, scripted, softmax_task):
+    good = kernel_answer(softmax_task, VARIANT="online", BLOCK_N=256)
+    scripted.planner += [_init(), script([insert("n1", "continue n1")])]
+    scripted.coder += [good, kernel_answer(softmax_task, VARIANT="online", BLOCK_N=512), good]
+    run, ctx, events = _run(tmp_path, scripted, iterations=3, window=2)
+    final = _drive(run, ctx, events)
+
+    wm = WorldModel.from_state(final["world_model"])
+    n1 = wm.nodes["n1"]
+    assert n1.kind == "closed" and n1.attachment is not None and n1.visits == 1 and n1.failures == 0
+    assert any(note.startswith("CURRENT:") for note in n1.beliefs.notes)  # the reflection was written
+    assert [n.action.title for n in wm.children("n1")] == ["continue n1"]
+    rows = ctx.store.attempts()
+    kinds = [r["prompt_kind"] for r in rows if r["prompt_kind"] != "seed"]
+    assert kinds == ["first", "improve", "improve"]
+    assert all(r["status"] == "passed" for r in rows)
+    assert final["iterations_done"] == 3 and final["best"]["attempt_id"] in {r["id"] for r in rows}
+    # The improve prompt carried the cycle-best code and the performance feedback.
+    improve_prompt = str(scripted.seen["coder"][1][-1].content)
+    assert "best version of this cycle" in improve_prompt and "us (reference" in improve_prompt
+    tokens = ctx.store.token_totals()["per_role"]
+    assert tokens["planner"]["prompt_tokens"] > 0 and tokens["coder"]["completion_tokens"] > 0
+    assert ctx.store.get_meta("status") == "finished"
+    assert (run.path / "best" / "kernel.py").is_file()
+
+
+def test_failing_cycle_gets_too_hard_update_and_debug_prompts(tmp_path, scripted, softmax_task):
+    broken = "```python\ndef softmax(x:\n    return x\n```"
+    wrong = kernel_answer(softmax_task, VARIANT="single_pass", BLOCK_N=64)  # too short a block: wrong answers
+    scripted.planner += [_init(), script([{"op": "update", "node": "n1", "value": 0.1, "difficulty": 4}])]
+    scripted.coder += [broken, wrong]
+    run, ctx, events = _run(tmp_path, scripted, iterations=2, window=2)
+    final = _drive(run, ctx, events)
+
+    statuses = [r["status"] for r in ctx.store.attempts() if r["prompt_kind"] != "seed"]
+    assert statuses == ["compile_error", "incorrect_numerical"]
+    debug_prompt = str(scripted.seen["coder"][1][-1].content)
+    assert "failed" in debug_prompt and "compile_error" in debug_prompt
+    wm = WorldModel.from_state(final["world_model"])
+    n1 = wm.nodes["n1"]
+    assert n1.kind == "open" and n1.failures == 1 and n1.action.value == 0.1 and n1.action.difficulty == 4
+    too_hard_prompt = str(scripted.seen["planner"][1][-1].content)
+    assert "too hard" in too_hard_prompt
+    assert final["best"]["attempt_id"] == "seed"  # nothing beat the seed
+
+
+def test_too_hard_prune_removes_action(tmp_path, scripted, softmax_task):
+    scripted.planner += [_init(), script([{"op": "prune", "node": "n1", "reason": "wrong idea"}])]
+    scripted.coder += ["no code here, sorry"]
+    run, ctx, events = _run(tmp_path, scripted, iterations=1, window=1)
+    final = _drive(run, ctx, events)
+    wm = WorldModel.from_state(final["world_model"])
+    assert "n1" not in wm.nodes and {"n2", "n3"} <= set(wm.nodes)
+    row = [r for r in ctx.store.attempts() if r["prompt_kind"] != "seed"][0]
+    assert row["status"] == "compile_error" and "no usable code" in row["log_excerpt"]
+
+
+def test_malformed_json_is_repaired_and_rejected_edits_are_fed_back(tmp_path, scripted, softmax_task):
+    too_many = script([insert("n1", f"x{i}") for i in range(4)])  # breaks the 3-new-nodes rule
+    scripted.planner += [
+        "I think the plan is {not json at all",  # repaired by the LLM client's validation feedback
+        _init(),
+        too_many,  # rejected by the world model's invariants: errors go back to the planner
+        script([insert("n1", "ok")]),
+    ]
+    scripted.coder += [kernel_answer(softmax_task)]
+    run, ctx, events = _run(tmp_path, scripted, iterations=1, window=1)
+    final = _drive(run, ctx, events)
+    retry_prompt = str(scripted.seen["planner"][3][-1].content)
+    assert "REJECTED" in retry_prompt and "at most 3" in retry_prompt
+    wm = WorldModel.from_state(final["world_model"])
+    assert [n.action.title for n in wm.children("n1")] == ["ok"]
+
+
+def test_edit_rejected_after_all_retries_falls_back_to_a_continuation(tmp_path, scripted, softmax_task):
+    bad = script([{"op": "prune", "node": "root"}])
+    scripted.planner += [_init(), bad, bad, bad]
+    scripted.coder += [kernel_answer(softmax_task)]
+    run, ctx, events = _run(tmp_path, scripted, iterations=1, window=1, max_edit_retries=2)
+    final = _drive(run, ctx, events)
+    assert any(e["event"] == "edit_rejected" for e in events)
+    wm = WorldModel.from_state(final["world_model"])
+    assert wm.nodes["n1"].kind == "closed" and len(wm.children("n1")) == 1  # the automatic continuation
+
+
+def test_transient_api_errors_are_retried(tmp_path, scripted, softmax_task):
+    request = __import__("httpx").Request("POST", "http://x/v1/chat/completions")
+    scripted.planner += [openai.APIConnectionError(request=request), _init(), script([insert("n1", "next")])]
+    scripted.coder += [openai.APIConnectionError(request=request), kernel_answer(softmax_task)]
+    run, ctx, events = _run(tmp_path, scripted, iterations=1, window=1)
+    final = _drive(run, ctx, events)
+    assert final["iterations_done"] == 1 and final["stop_reason"].startswith("iteration budget")
+
+
+def test_dead_endpoint_pauses_and_resume_continues_exactly(tmp_path, scripted, softmax_task):
+    request = __import__("httpx").Request("POST", "http://x/v1/chat/completions")
+    dead = [openai.APIConnectionError(request=request)] * 3  # max_retries=2: three failures -> unavailable
+    good = kernel_answer(softmax_task, VARIANT="online", BLOCK_N=256)
+    scripted.planner += [_init()]
+    scripted.coder += [good, *dead]
+    run, ctx, events = _run(tmp_path, scripted, iterations=3, window=3)
+    with pytest.raises(EndpointUnavailable):
+        _drive(run, ctx, events)
+    assert [r["id"] for r in ctx.store.attempts()] == ["seed", "c1.1"]
+    # The endpoint is back: resume from the checkpoint, nothing evaluated is lost or repeated.
+    scripted.coder += [good, kernel_answer(softmax_task, VARIANT="online", BLOCK_N=512)]
+    scripted.planner += [script([insert("n1", "next")])]
+    final = _drive(run, ctx, events, fresh=False)
+    assert [r["id"] for r in ctx.store.attempts()] == ["seed", "c1.1", "c1.2", "c1.3"]
+    assert final["iterations_done"] == 3
+
+
+def test_parallel_cycles_are_merged_by_one_update(tmp_path, scripted, softmax_task):
+    scripted.planner += [_init(), script([insert("n1", "after n1")]), script([insert("n2", "after n2")])]
+    scripted.coder += [kernel_answer(softmax_task, BLOCK_N=b) for b in (128, 256, 512, 1024)]
+    run, ctx, events = _run(tmp_path, scripted, iterations=4, window=5, k=2)
+    final = _drive(run, ctx, events)
+    wm = WorldModel.from_state(final["world_model"])
+    assert wm.nodes["n1"].kind == "closed" and wm.nodes["n2"].kind == "closed"
+    assert final["iterations_done"] == 4 and sorted(final["merged_cycles"]) == ["c1", "c2", "seed"]
+    started = [e for e in events if e["event"] == "cycle_started"]
+    assert [e["allowance"] for e in started] == [2, 2]
+    # One world-model update superstep merged both cycles.
+    assert [r["node"] for r in history(run)].count("update_world_model") == 1
+
+
+def test_token_cap_stops_the_search(tmp_path, scripted, softmax_task):
+    scripted.planner += [_init()]
+    scripted.coder += [kernel_answer(softmax_task)] * 5
+    cfg_run, ctx, events = _run(tmp_path, scripted, iterations=5, window=5, name="capped")
+    ctx.config.budget.max_tokens = 1  # the init call alone spends more
+    final = _drive(cfg_run, ctx, events)
+    assert "token budget" in final["stop_reason"]
+    assert final["iterations_done"] == 0 and ctx.store.get_meta("status") == "finished"
+
+
+def test_summary_json_fields(tmp_path, scripted, softmax_task):
+    scripted.planner += [_init(), script([insert("n1", "next")])]
+    scripted.coder += [kernel_answer(softmax_task)]
+    run, ctx, events = _run(tmp_path, scripted, iterations=1, window=1)
+    _drive(run, ctx, events)
+    info = summary(run)
+    assert info["iterations_done"] == 1 and info["attempts"] == 1
+    assert set(info["best"]) == {"attempt_id", "score", "latency_us", "node_id"}
+    assert info["tokens"]["total_tokens"] > 0
+    json.dumps(info)
+
+
+def test_token_cap_ends_a_running_cycle(tmp_path, scripted, softmax_task):
+    good = kernel_answer(softmax_task)
+    run, ctx, events = _run(tmp_path, scripted, iterations=5, window=5)
+
+    def coder_then_cap(messages):
+        ctx.config.budget.max_tokens = ctx.store.token_totals()["total_tokens"] + 1  # this call crosses it
+        return good
+
+    scripted.planner += [_init(), script([insert("n1", "next")])]
+    scripted.coder += [coder_then_cap]
+    final = _drive(run, ctx, events)
+    assert final["iterations_done"] == 1 and "token budget" in final["stop_reason"]
+    finished = [e for e in events if e["event"] == "cycle_finished"]
+    assert "token budget" in finished[0]["reason"]
