@@ -29,6 +29,9 @@ class SearchConfig(BaseModel):
     confirm_new_best: bool = True
     max_edit_retries: int = Field(2, ge=0, le=5, description="re-asks when the planner's edit is rejected")
     eval_timeout_s: float = Field(180, gt=0)
+    # Timing budget per workload (candidate and reference each). None: 1 s with a GPU; 0.25 s without,
+    # where interpreter timings only rank candidates and the budget mostly costs wall time.
+    timing_budget_s: float | None = Field(None, gt=0)
     world_model_render_chars: int = Field(6000, ge=500)
     planner: Literal["offline", "llm"] = "offline"
     planner_llm: LLMSettings | None = None

@@ -31,9 +31,10 @@ def make_agents(config: SearchConfig) -> tuple[Planner, Coder]:
 
 
 def _default_evaluator(config: SearchConfig) -> Evaluator:
-    from .evaluation import SubprocessEvaluator
+    from .evaluation import SubprocessEvaluator, gpu_driver_present
 
-    return SubprocessEvaluator(timeout_s=config.eval_timeout_s)
+    budget = config.timing_budget_s or (1.0 if gpu_driver_present() else 0.25)
+    return SubprocessEvaluator(timeout_s=config.eval_timeout_s, time_budget_s=budget)
 
 
 def make_context(run: RunDir, *, evaluator: Evaluator | None = None,

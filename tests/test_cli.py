@@ -79,7 +79,7 @@ def _digest(run_dir: Path) -> str:
 
 def test_branch_with_edited_world_model_leaves_source_untouched(finished_run, tmp_path):
     rows = json.loads(run_cli("history", str(finished_run), "--json", check=True).stdout)
-    at = next(r for r in rows if r["node"] == "update_world_model")
+    at = next(r for r in rows if r["node"] == "init_world_model")  # the whole budget is still ahead
     wm = json.loads(run_cli("show", str(finished_run), "--world-model", "--at", at["checkpoint"], check=True).stdout)
     frontier_root = [nid for nid, n in wm["nodes"].items() if n["kind"] == "open" and n["parent"] == "root"]
     wm["nodes"][frontier_root[-1]]["action"]["value"] = 1.0  # steer the branch towards another family

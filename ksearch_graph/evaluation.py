@@ -1,0 +1,270 @@
+"""The evaluation interface: what the compile-and-bench node asks, and what it gets back.
+
+The graph never runs candidate code itself. It hands a candidate (its files) to an ``Evaluator``
+and gets an ``EvalResult`` back; failures (a compile error, a crash, a hang, a wrong answer) are
+results, never exceptions. ``SubprocessEvaluator`` runs ``_evaluate_child.py`` (also reachable as
+``tools/evaluate_candidate.py``) in a fresh child process per candidate, in its own process group,
+killed as a group on timeout.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import resource
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from enum import StrEnum
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel
+
+from .task import Task
+
+
+class Status(StrEnum):
+    passed = "passed"
+    compile_error = "compile_error"
+    runtime_error = "runtime_error"
+    timeout = "timeout"
+    incorrect_shape = "incorrect_shape"
+    incorrect_dtype = "incorrect_dtype"
+    incorrect_numerical = "incorrect_numerical"
+    suspicious = "suspicious"
+    unavailable = "unavailable"  # e.g. a CUDA candidate on a machine without a GPU
+
+
+class WorkloadResult(BaseModel):
+    workload: str
+    correct: bool
+    max_abs_error: float | None = None
+    latency_us: float | None = None  # mean of the timed calls
+    median_us: float | None = None
+    std_us: float | None = None
+    runs: int = 0
+    reference_us: float | None = None
+    speedup: float | None = None  # reference_us / latency_us
+
+
+class EvalResult(BaseModel):
+    status: Status
+    workloads: list[WorkloadResult] = []
+    # Geometric mean over workloads of reference latency / candidate latency; 0 unless passed.
+    score: float = 0.0
+    latency_us: float | None = None  # geometric mean of the candidate's per-workload latency
+    compile_s: float = 0.0
+    wall_s: float = 0.0
+    # What the LLM is shown: the error itself, not pages of traceback.
+    log_excerpt: str = ""
+    # False on CPU (Triton interpreter): the numbers order candidates but mean nothing for a GPU.
+    timing_representative: bool = False
+    environment: dict[str, Any] = {}
+
+    @property
+    def passed(self) -> bool:
+        return self.status == Status.passed
+
+    def summary(self) -> dict[str, Any]:
+        """The few numbers the world model keeps for an attached attempt."""
+        return {
+            "status": self.status.value,
+            "score": round(self.score, 4),
+            "latency_us": None if self.latency_us is None else round(self.latency_us, 3),
+        }
+
+
+def geometric_mean(values: list[float]) -> float:
+    if not values or any(v <= 0 for v in values):
+        return 0.0
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+class Evaluator(Protocol):
+    def evaluate(self, task: Task, files: dict[str, str], *, attempt_id: str) -> EvalResult: ...
+
+
+_CHILD = Path(__file__).with_name("_evaluate_child.py")
+_PROGRESS = "[ksearch-eval] "  # the child's progress lines on stderr
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+_LOG_LIMIT = 2000
+
+
+def _clip(text: str, limit: int = _LOG_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def _write_files(folder: Path, files: dict[str, str]) -> None:
+    """Write the candidate's files; a name that would land outside ``folder`` is the candidate's error."""
+    for name, text in files.items():
+        rel = PurePosixPath(name)
+        if not rel.parts or rel.is_absolute() or ".." in rel.parts or "\\" in name:
+            raise ValueError(f"file name {name!r} is not a relative path inside the candidate folder")
+        path = folder.joinpath(*rel.parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _wait_unreaped(pid: int, timeout_s: float) -> bool:
+    """Wait for the child to exit without reaping it: while it is an unreaped zombie its process-group id cannot be
+    reused, so killing the group afterwards cannot hit an unrelated process. True if it exited in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def gpu_driver_present() -> bool:
+    # NVIDIA and AMD runtimes reserve tens of GB of virtual address space at initialisation.
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
+
+
+class SubprocessEvaluator:
+    """Evaluates each candidate in a fresh child process and turns whatever happens there into an EvalResult.
+
+    The child runs in a private temp dir, in its own session and process group, with a scrubbed environment, its
+    own Triton/torch caches and a hidden seed for the input sets. A hang is killed with its whole group at
+    ``timeout_s`` (wall clock, import and compile included); a crash becomes a runtime_error with the signal and the
+    end of stderr. ``evaluate`` does not raise for anything the candidate does.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 120,
+        python: str = sys.executable,
+        workdir: str | None = None,
+        workloads: Literal["feedback", "all"] = "feedback",
+        time_budget_s: float = 1.0,
+        memory_limit_gb: float = 16.0,
+    ):
+        if workloads not in ("feedback", "all"):
+            raise ValueError(f"workloads must be 'feedback' or 'all', not {workloads!r}")
+        self.timeout_s = timeout_s
+        self.python = python
+        self.workdir = workdir
+        if workdir:
+            os.makedirs(workdir, exist_ok=True)
+        self.workloads = workloads
+        self.time_budget_s = time_budget_s  # timing budget per workload, for candidate and reference each
+        self.memory_limit_gb = memory_limit_gb  # address-space limit; only applied where no GPU driver is present
+
+    def evaluate(self, task: Task, files: dict[str, str], *, attempt_id: str) -> EvalResult:
+        start = time.monotonic()
+        tag = re.sub(r"[^A-Za-z0-9_.-]", "_", attempt_id)[:40]
+        root = Path(tempfile.mkdtemp(prefix=f"ksearch-{tag}-", dir=self.workdir))
+        try:
+            result = self._run(task, files, root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        result.wall_s = time.monotonic() - start  # what the search pays, process start-up included
+        result.log_excerpt = _clip(result.log_excerpt)
+        return result
+
+    def _run(self, task: Task, files: dict[str, str], root: Path) -> EvalResult:
+        candidate, out = root / "candidate", root / "result.json"
+        try:
+            _write_files(candidate, files)
+        except ValueError as e:
+            return EvalResult(status=Status.compile_error, log_excerpt=str(e))
+        cmd = [self.python, str(_CHILD), "--task", task.root, "--candidate", str(candidate), "--out", str(out),
+               "--seeds-from-env", "--time-budget-s", str(self.time_budget_s)]
+        if self.workloads == "feedback":
+            cmd += ["--workloads", ",".join(w.name for w in task.feedback_workloads())]
+        stderr_path = root / "stderr.txt"
+        with open(root / "stdout.txt", "wb") as stdout, open(stderr_path, "wb") as stderr:
+            try:
+                proc = subprocess.Popen(cmd, cwd=candidate, env=self._child_env(root), stdin=subprocess.DEVNULL,
+                                        stdout=stdout, stderr=stderr, start_new_session=True)
+            except OSError as e:
+                return EvalResult(status=Status.unavailable, log_excerpt=f"cannot start {self.python}: {e}")
+            self._limit(proc.pid)
+            try:
+                finished = _wait_unreaped(proc.pid, self.timeout_s)
+            finally:
+                _kill_group(proc.pid)  # on timeout, and also any helper a finished candidate left running
+                proc.wait()
+        stderr_text = stderr_path.read_text(errors="replace").replace(f"{candidate}{os.sep}", "")
+        if not finished:
+            return EvalResult(
+                status=Status.timeout,
+                log_excerpt=f"timed out after {self.timeout_s:g} s (wall clock); it was at: {_last_step(stderr_text)}",
+            )
+        if out.is_file():
+            try:
+                return EvalResult.model_validate_json(out.read_text())
+            except ValueError as e:
+                return EvalResult(status=Status.runtime_error, log_excerpt=f"unreadable result file: {e}")
+        if proc.returncode < 0:
+            sig = signal.Signals(-proc.returncode)
+            how = f"killed by {sig.name} ({signal.strsignal(sig)})"
+        else:
+            how = f"exited with code {proc.returncode} without writing a result"
+        return EvalResult(
+            status=Status.runtime_error,
+            log_excerpt=f"the evaluation process was {how}; it was at: {_last_step(stderr_text)}\n"
+            + _stderr_tail(stderr_text),
+        )
+
+    def _child_env(self, root: Path) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in _SECRET_WORDS)}
+        for var, sub in (("TMPDIR", "tmp"), ("TRITON_CACHE_DIR", "triton-cache"),
+                         ("TORCH_EXTENSIONS_DIR", "torch-extensions"), ("TORCHINDUCTOR_CACHE_DIR", "inductor-cache")):
+            (root / sub).mkdir()
+            env[var] = str(root / sub)
+        env["KSEARCH_EVAL_SEED"] = str(secrets.randbits(62))  # fresh input sets for every evaluation
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["KSEARCH_PARENT_PID"] = str(os.getpid())  # the child dies with us (a killed search leaves no orphan)
+        return env
+
+    def _limit(self, pid: int) -> None:
+        """Resource limits, set on the running child with prlimit rather than in a preexec_fn, which is unsafe when
+        the caller has threads (LangGraph runs parallel nodes in worker threads). The child spends its first seconds
+        importing torch, long before any candidate code runs, and everything it spawns inherits the limits."""
+        if not hasattr(resource, "prlimit"):  # not Linux: the wall-clock timeout still applies
+            return
+        try:
+            # CPU seconds summed over threads, so scaled by the core count: a backstop for processes that leave the
+            # process group (the wall-clock kill cannot reach them), not the main time limit.
+            cpu_s = int(self.timeout_s * (os.cpu_count() or 1)) + 60
+            resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s))
+            resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))  # a segfault should not write gigabytes of core
+            # An address-space limit breaks CUDA (the driver maps far more virtual memory than it uses), so it only
+            # applies where no GPU driver is present; on a GPU host the GPU's own memory is the bound anyway.
+            if not gpu_driver_present():
+                limit = int(self.memory_limit_gb * 2**30)
+                resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
+        except (ProcessLookupError, PermissionError):
+            pass  # the child already exited, or the platform refuses: the result says what happened
+
+
+def _last_step(stderr_text: str) -> str:
+    steps = [line[len(_PROGRESS):] for line in stderr_text.splitlines() if line.startswith(_PROGRESS)]
+    return steps[-1] if steps else "start-up (importing torch)"
+
+
+def _stderr_tail(stderr_text: str, limit: int = 1500) -> str:
+    # Drop what does not help the LLM: progress lines, faulthandler's list of loaded extension modules, and stack
+    # frames of the harness itself.
+    lines = [line for line in stderr_text.splitlines()
+             if not line.startswith((_PROGRESS, "Extension modules:")) and _CHILD.name not in line]
+    return "\n".join(lines)[-limit:]

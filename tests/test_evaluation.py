@@ -1,0 +1,185 @@
+"""SubprocessEvaluator end to end on the softmax example: real child processes, Triton's CPU interpreter.
+
+Every evaluation starts a Python that imports torch (~2.5 s of CPU), so the module fixture submits all of them at
+once to a small thread pool and each test waits for its own. That keeps the file well under a minute on two cores
+and exercises the evaluator from several threads, as the graph uses it.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ksearch_graph.evaluation import EvalResult, Status, SubprocessEvaluator
+from ksearch_graph.task import Task, load_task
+from ksearch_graph.template import default_params, render_template
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "softmax"
+HANG_TIMEOUT_S = 10
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    return load_task(EXAMPLE)
+
+
+def wrapping_seed(task: Task, body: str) -> dict[str, str]:
+    """A candidate whose softmax runs ``body``, with the seed solution importable as ``naive`` from a helper file."""
+    kernel = "import os, signal, subprocess\nfrom naive import softmax as naive\n\n\ndef softmax(x):\n"
+    return {"kernel.py": kernel + textwrap.indent(body, "    ") + "\n", "naive.py": task.seed_source}
+
+
+@pytest.fixture(scope="module")
+def hang_pidfile(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("hang") / "pid"
+
+
+@pytest.fixture(scope="module")
+def results(task, hang_pidfile) -> dict[str, Future]:
+    quick = SubprocessEvaluator(timeout_s=90, time_budget_s=0.2)
+    hang = SubprocessEvaluator(timeout_s=HANG_TIMEOUT_S, time_budget_s=0.2)
+    hang_body = f"""\
+open({str(hang_pidfile)!r}, "w").write(str(os.getpid()))
+subprocess.Popen(["sleep", "300"])  # a grandchild in the same process group must die with it
+while True:
+    pass"""
+    jobs = {
+        "hang": (hang, wrapping_seed(task, hang_body)),  # first: it takes longest
+        "seed": (quick, {"kernel.py": task.seed_source}),
+        "single_pass": (quick, render_template(task, {"VARIANT": "single_pass", "BLOCK_N": 4096})),
+        "online": (quick, render_template(task, {"VARIANT": "online", "BLOCK_N": 1024, "ROWS_PER_PROGRAM": 2})),
+        "two_pass": (quick, render_template(task, {"VARIANT": "two_pass", "BLOCK_N": 1024})),
+        "single_pass_small_block": (quick, render_template(task, {"VARIANT": "single_pass", "BLOCK_N": 256})),
+        "syntax_error": (quick, {"kernel.py": "def softmax(x:\n    return x\n"}),
+        "raises": (quick, wrapping_seed(task, 'raise ValueError("BLOCK_N must divide cols")')),
+        "segfault": (quick, wrapping_seed(task, "os.kill(os.getpid(), signal.SIGSEGV)")),
+        "wrong_shape": (quick, wrapping_seed(task, "return naive(x)[:, :-1]")),
+        "wrong_dtype": (quick, wrapping_seed(task, "return naive(x).double()")),
+        "mutates_input": (quick, wrapping_seed(task, "y = naive(x)\nx.zero_()\nreturn y")),
+        "returns_input": (quick, wrapping_seed(task, "return x")),
+        "environment": (quick, wrapping_seed(
+            task, "raise RuntimeError(f'visible: {sorted(k for k in os.environ if k.endswith((\"_KEY\", \"_SEED\")))}')"
+        )),
+    }
+    with pytest.MonkeyPatch.context() as mp, ThreadPoolExecutor(max_workers=2) as pool:
+        mp.setenv("OPENAI_API_KEY", "sk-must-not-reach-the-candidate")
+        yield {name: pool.submit(ev.evaluate, task, files, attempt_id=name) for name, (ev, files) in jobs.items()}
+
+
+def result(results, name: str) -> EvalResult:
+    return results[name].result()
+
+
+def test_seed_solution_passes(task, results):
+    r = result(results, "seed")
+    assert r.status == Status.passed, r.log_excerpt
+    assert [w.workload for w in r.workloads] == [w.name for w in task.feedback_workloads()]
+    for w in r.workloads:
+        assert w.correct and w.runs >= 3 and w.latency_us > 0 and w.reference_us > 0
+        assert w.speedup == pytest.approx(w.reference_us / w.latency_us)
+    assert r.score == pytest.approx(math.exp(sum(math.log(w.speedup) for w in r.workloads) / len(r.workloads)))
+    assert r.score > 0 and r.compile_s > 0 and r.wall_s > r.compile_s
+    assert not r.timing_representative and r.environment["device"] == "cpu"
+
+
+@pytest.mark.parametrize("variant", ["single_pass", "online", "two_pass"])
+def test_template_variants_pass(results, variant):
+    r = result(results, variant)
+    assert r.status == Status.passed, r.log_excerpt
+    assert r.score > 0
+
+
+def test_single_pass_with_a_block_narrower_than_the_row_is_wrong(results):
+    r = result(results, "single_pass_small_block")
+    assert r.status == Status.incorrect_numerical
+    assert "workload 16x300" in r.log_excerpt and "outside atol" in r.log_excerpt
+    assert r.score == 0 and r.workloads[-1].correct is False
+
+
+def test_syntax_error_is_a_compile_error(results):
+    r = result(results, "syntax_error")
+    assert r.status == Status.compile_error
+    assert "SyntaxError" in r.log_excerpt and "kernel.py" in r.log_excerpt
+
+
+def test_exception_gives_a_short_excerpt_of_the_candidates_code(results):
+    r = result(results, "raises")
+    assert r.status == Status.runtime_error
+    assert "ValueError: BLOCK_N must divide cols" in r.log_excerpt
+    assert 'File "kernel.py"' in r.log_excerpt
+    assert "_evaluate_child" not in r.log_excerpt and "Traceback" not in r.log_excerpt
+    assert len(r.log_excerpt) < 500
+
+
+def test_hang_times_out_and_its_process_group_is_killed(results, hang_pidfile):
+    r = result(results, "hang")
+    assert r.status == Status.timeout
+    assert HANG_TIMEOUT_S <= r.wall_s < HANG_TIMEOUT_S + 5
+    assert "correctness" in r.log_excerpt  # says where it hung
+    pgid = int(hang_pidfile.read_text())  # the child is its own group leader
+    deadline = time.monotonic() + 2
+    while _live_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _live_members(pgid) == []
+
+
+def test_segfault_is_a_runtime_error_naming_the_signal(results):
+    r = result(results, "segfault")
+    assert r.status == Status.runtime_error
+    assert "SIGSEGV" in r.log_excerpt
+
+
+def test_wrong_shape_and_dtype(results):
+    assert result(results, "wrong_shape").status == Status.incorrect_shape
+    r = result(results, "wrong_dtype")
+    assert r.status == Status.incorrect_dtype and "torch.float64" in r.log_excerpt
+
+
+def test_writing_into_the_input_is_suspicious(results):
+    assert result(results, "mutates_input").status == Status.suspicious
+
+
+def test_returning_the_input_is_wrong(results):
+    assert result(results, "returns_input").status == Status.incorrect_numerical
+
+
+def test_secrets_and_the_seed_do_not_reach_the_candidate(results):
+    r = result(results, "environment")
+    assert r.status == Status.runtime_error
+    assert "visible: []" in r.log_excerpt
+
+
+def test_unsafe_file_names_are_rejected_without_running(task):
+    ev = SubprocessEvaluator()
+    for name in ("../escape.py", "/abs/kernel.py", "a/../../b.py"):
+        r = ev.evaluate(task, {name: "x = 1\n"}, attempt_id="bad-name")
+        assert r.status == Status.compile_error and "not a relative path" in r.log_excerpt
+
+
+def test_render_template_validates_parameters(task):
+    params = default_params(task)
+    assert params["VARIANT"] == "online"
+    source = render_template(task, {})["kernel.py"]
+    assert 'VARIANT = "online"' in source and "BLOCK_N = 256" in source and "{{" not in source
+    with pytest.raises(ValueError, match="unknown"):
+        render_template(task, {"BLOCK_M": 64})
+    with pytest.raises(ValueError, match="not one of"):
+        render_template(task, {"BLOCK_N": 100})
+
+
+def _live_members(pgid: int) -> list[int]:
+    """Processes of the group that are not zombies (a killed grandchild may wait a moment to be reaped)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(stat.parent.name))
+    return live
