@@ -84,7 +84,8 @@ def test_seed_solution_passes(task, results):
         assert w.speedup == pytest.approx(w.reference_us / w.latency_us)
     assert r.score == pytest.approx(math.exp(sum(math.log(w.speedup) for w in r.workloads) / len(r.workloads)))
     assert r.score > 0 and r.compile_s > 0 and r.wall_s > r.compile_s
-    assert not r.timing_representative and r.environment["device"] == "cpu"
+    # CPU (interpreter) timings only rank candidates; GPU timings are the real thing.
+    assert r.timing_representative == (r.environment["device"] == "cuda")
 
 
 @pytest.mark.parametrize("variant", ["single_pass", "online", "two_pass"])
@@ -97,7 +98,9 @@ def test_template_variants_pass(results, variant):
 def test_single_pass_with_a_block_narrower_than_the_row_is_wrong(results):
     r = result(results, "single_pass_small_block")
     assert r.status == Status.incorrect_numerical
-    assert "workload 16x300" in r.log_excerpt and "outside atol" in r.log_excerpt
+    # On CPU the uncovered columns hold stale values; on a GPU the harness's NaN-poisoned memory shows through.
+    assert "workload 16x300" in r.log_excerpt
+    assert "outside atol" in r.log_excerpt or "NaN/Inf pattern differs" in r.log_excerpt
     assert r.score == 0 and r.workloads[-1].correct is False
 
 
