@@ -61,6 +61,7 @@ class CodeRequest:
     last_summary: dict | None
     feedback: str  # the reflection's text for this attempt: failure log or performance summary
     history: list[dict] = field(default_factory=list)  # this cycle's attempt summaries
+    history_files: list[dict[str, str]] = field(default_factory=list)  # their code, same order
 
 
 @dataclass

@@ -132,6 +132,13 @@ def cmd_resume(args) -> int:
     from .search import extend, has_started, is_finished
 
     run = RunDir.open(args.run_dir)
+    if args.base_url or args.model:  # the endpoint moved, or the model name was wrong
+        for settings in (run.config.planner_llm, run.config.coder_llm):
+            if settings is None:
+                raise RunDirError(f"{run.path} is an offline run; --base-url/--model apply to LLM runs only")
+            settings.base_url = args.base_url or settings.base_url
+            settings.model = args.model or settings.model
+        run.save()
     if args.iterations is not None:
         if extend(run, args.iterations):
             print(f"budget raised to {args.iterations} iterations; the finished run continues")
@@ -208,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resume", help="continue a run after a crash, kill or Ctrl-C (or a finished one with more budget)")
     p.add_argument("run_dir")
     p.add_argument("--iterations", type=int, help="raise the iteration budget")
+    p.add_argument("--base-url", help="point the run's planner and coder at another endpoint")
+    p.add_argument("--model", help="use another model for the run's planner and coder")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_resume)
 

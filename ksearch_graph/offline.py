@@ -22,12 +22,12 @@ import json
 import random
 
 from .agents import CodeAnswer, CodeRequest, Evidence, Usage
-from .store import source_hash
 from .task import Task
 from .template import default_params, render_template
 from .world_model import ROOT, Action, EditScript, InsertOp, PruneOp, Reflection, UpdateOp, WorldModel
 
 HEADER = "# ksearch-offline template params: "
+MOVE = "# ksearch-offline move: "  # the one-knob move that made this file, e.g. ["BLOCK_N", 1]
 VARIANT = "VARIANT"
 
 
@@ -40,12 +40,30 @@ def params_of(files: dict[str, str] | None) -> dict:
     return {}
 
 
+def move_of(files: dict[str, str] | None) -> tuple[str, int] | None:
+    for text in (files or {}).values():
+        lines = text.split("\n", 2)
+        if len(lines) > 1 and lines[1].startswith(MOVE):
+            name, step = json.loads(lines[1][len(MOVE):])
+            return name, step
+    return None
+
+
+def _step(task: Task, params: dict, name: str, step: int) -> dict | None:
+    values = task.spec.template.parameters[name].values
+    if params.get(name) not in values:
+        return None
+    j = values.index(params[name]) + step
+    return {**params, name: values[j]} if 0 <= j < len(values) else None
+
+
 def _describe(params: dict, task: Task) -> str:
     knobs = task.spec.template.parameters
     return ", ".join(f"{k}={params[k]}" for k in knobs if k in params)
 
 
-def _neighbours(task: Task, params: dict, rng: random.Random, *, include_variant: bool = False) -> list[dict]:
+def _neighbours(task: Task, params: dict, rng: random.Random, *, include_variant: bool = False,
+                with_moves: bool = False) -> list:
     """Configurations one knob away from ``params``, in a shuffled but reproducible order."""
     out = []
     for name, knob in task.spec.template.parameters.items():
@@ -55,9 +73,9 @@ def _neighbours(task: Task, params: dict, rng: random.Random, *, include_variant
         i = values.index(params[name]) if params.get(name) in values else values.index(knob.default)
         for j in (i - 1, i + 1):
             if 0 <= j < len(values):
-                out.append({**params, name: values[j]})
+                out.append(({**params, name: values[j]}, (name, j - i)))
     rng.shuffle(out)
-    return out
+    return [p for p, _ in out] if not with_moves else out
 
 
 class OfflinePlanner:
@@ -173,18 +191,27 @@ class OfflineCoder:
         rng = random.Random(f"{self.seed}:{request.attempt_id}")
         if request.kind == "first":
             params = {**default_params(task), **params_of(request.base_files), **request.action.get("params", {})}
-        else:
-            start = request.base_files if request.kind == "improve" else request.last_files
-            params = {**default_params(task), **params_of(start)}
-            tried = {a["source_hash"] for a in request.history}
-            candidates = _neighbours(task, params, rng)
-            fresh = [p for p in candidates if source_hash(self._render(task, p)) not in tried]
-            params = (fresh or candidates or [params])[0]
-        return CodeAnswer(files=self._render(task, params), usage=Usage())
+            return CodeAnswer(files=self._render(task, params), usage=Usage())
+        # Debug and improve: a one-knob move from the last (debug) or cycle-best (improve) configuration,
+        # never one this cycle already tried. Improve first continues the move that made the best
+        # (coordinate search with momentum), then tries the other moves in a seeded random order.
+        start = request.base_files if request.kind == "improve" else request.last_files
+        params = {**default_params(task), **params_of(start)}
+        tried = {json.dumps(params_of(files), sort_keys=True) for files in request.history_files}
+        candidates = _neighbours(task, params, rng, with_moves=True)
+        momentum = move_of(start) if request.kind == "improve" else None
+        if momentum and (ahead := _step(task, params, *momentum)) is not None:
+            candidates.insert(0, (ahead, momentum))
+        fresh = [c for c in candidates if json.dumps(c[0], sort_keys=True) not in tried]
+        chosen, move = (fresh or candidates or [(params, None)])[0]
+        return CodeAnswer(files=self._render(task, chosen, move), usage=Usage())
 
     @staticmethod
-    def _render(task: Task, params: dict) -> dict[str, str]:
+    def _render(task: Task, params: dict, move: tuple[str, int] | None = None) -> dict[str, str]:
         files = render_template(task, params)
         name = task.spec.solution_file
-        files[name] = HEADER + json.dumps(params, sort_keys=True) + "\n" + files[name]
+        header = HEADER + json.dumps(params, sort_keys=True) + "\n"
+        if move is not None:
+            header += MOVE + json.dumps(list(move)) + "\n"
+        files[name] = header + files[name]
         return files

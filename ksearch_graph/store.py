@@ -78,8 +78,7 @@ def _locked(method):
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        with self._lock:
-            return method(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
 
     return wrapper
 
@@ -125,10 +124,9 @@ class RunStore:
     @_locked
     def put_source(self, files: dict[str, str]) -> str:
         digest = source_hash(files)
-        with self._lock:
-            self.db["sources"].insert(
-                {"hash": digest, "files": json.dumps(files), "created": time.time()}, ignore=True
-            )
+        self.db["sources"].insert(
+            {"hash": digest, "files": json.dumps(files), "created": time.time()}, ignore=True
+        )
         return digest
 
     @_locked
@@ -142,10 +140,9 @@ class RunStore:
 
     @_locked
     def put_generation(self, key: str, payload: dict) -> None:
-        with self._lock:
-            self.db["generations"].insert(
-                {"key": key, "payload": json.dumps(payload), "created": time.time()}, replace=True
-            )
+        self.db["generations"].insert(
+            {"key": key, "payload": json.dumps(payload), "created": time.time()}, replace=True
+        )
 
     # ------------------------------------------------------------------ attempts
 
@@ -171,33 +168,32 @@ class RunStore:
         eval_s: float = 0.0,
     ) -> dict:
         """Insert an evaluated attempt once. Returns the stored row (the existing one on a re-run)."""
-        with self._lock:
-            existing = self.get_attempt(attempt_id)
-            if existing is not None:
-                return existing
-            row = {
-                "id": attempt_id,
-                # The seed solution is measured but is not an iteration of the search.
-                "iteration": 0 if prompt_kind == "seed" else self.count_attempts() + 1,
-                "cycle_id": cycle_id,
-                "node_id": node_id,
-                "prompt_kind": prompt_kind,
-                "base_attempt_id": base_attempt_id,
-                "parent_attempt_id": parent_attempt_id,
-                "source_hash": source_hash,
-                "status": result.status.value,
-                "score": result.score,
-                "latency_us": result.latency_us,
-                "result": result.model_dump_json(),
-                "log_excerpt": result.log_excerpt,
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "codegen_s": codegen_s,
-                "eval_s": eval_s,
-                "created": time.time(),
-            }
-            self.db["attempts"].insert(row)
-            return row
+        existing = self.get_attempt(attempt_id)
+        if existing is not None:
+            return existing
+        row = {
+            "id": attempt_id,
+            # The seed solution is measured but is not an iteration of the search.
+            "iteration": 0 if prompt_kind == "seed" else self.count_attempts() + 1,
+            "cycle_id": cycle_id,
+            "node_id": node_id,
+            "prompt_kind": prompt_kind,
+            "base_attempt_id": base_attempt_id,
+            "parent_attempt_id": parent_attempt_id,
+            "source_hash": source_hash,
+            "status": result.status.value,
+            "score": result.score,
+            "latency_us": result.latency_us,
+            "result": result.model_dump_json(),
+            "log_excerpt": result.log_excerpt,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "codegen_s": codegen_s,
+            "eval_s": eval_s,
+            "created": time.time(),
+        }
+        self.db["attempts"].insert(row)
+        return row
 
     @_locked
     def cycle_attempts(self, cycle_id: str) -> list[dict]:
@@ -224,18 +220,17 @@ class RunStore:
 
     @_locked
     def record_llm_call(self, role: str, purpose: str, usage: dict, seconds: float) -> None:
-        with self._lock:
-            self.db["llm_calls"].insert(
-                {
-                    "role": role,
-                    "purpose": purpose,
-                    "prompt_tokens": int(usage.get("prompt_tokens", 0)),
-                    "completion_tokens": int(usage.get("completion_tokens", 0)),
-                    "cost_usd": float(usage.get("cost_usd", 0.0)),
-                    "seconds": seconds,
-                    "created": time.time(),
-                }
-            )
+        self.db["llm_calls"].insert(
+            {
+                "role": role,
+                "purpose": purpose,
+                "prompt_tokens": int(usage.get("prompt_tokens", 0)),
+                "completion_tokens": int(usage.get("completion_tokens", 0)),
+                "cost_usd": float(usage.get("cost_usd", 0.0)),
+                "seconds": seconds,
+                "created": time.time(),
+            }
+        )
 
     @_locked
     def token_totals(self) -> dict[str, Any]:
@@ -254,15 +249,13 @@ class RunStore:
 
     @_locked
     def snapshot_world_model(self, tree: dict, *, iteration: int, reason: str) -> None:
-        with self._lock:
-            self.db["world_models"].insert(
-                {"iteration": iteration, "reason": reason, "tree": json.dumps(tree), "created": time.time()}
-            )
+        self.db["world_models"].insert(
+            {"iteration": iteration, "reason": reason, "tree": json.dumps(tree), "created": time.time()}
+        )
 
     @_locked
     def log_event(self, kind: str, **data: Any) -> None:
-        with self._lock:
-            self.db["events"].insert({"kind": kind, "data": json.dumps(data, default=str), "created": time.time()})
+        self.db["events"].insert({"kind": kind, "data": json.dumps(data, default=str), "created": time.time()})
 
     @_locked
     def events(self, kind: str | None = None) -> list[dict]:
@@ -273,8 +266,7 @@ class RunStore:
 
     @_locked
     def set_meta(self, key: str, value: Any) -> None:
-        with self._lock:
-            self.db["meta"].insert({"key": key, "value": json.dumps(value)}, replace=True)
+        self.db["meta"].insert({"key": key, "value": json.dumps(value)}, replace=True)
 
     @_locked
     def get_meta(self, key: str, default: Any = None) -> Any:
@@ -286,10 +278,9 @@ class RunStore:
     @_locked
     def keep_only_cycles(self, cycle_ids: set[str]) -> int:
         """Drop attempts of cycles not in ``cycle_ids`` (used on a branch's copy). Returns how many went."""
-        with self._lock:
-            doomed = [r["id"] for r in self.db.query("select id, cycle_id from attempts") if r["cycle_id"] not in cycle_ids]
-            for attempt_id in doomed:
-                self.db["attempts"].delete(attempt_id)
-                self.db.execute("delete from generations where key like ?", [attempt_id + ":%"])
-            self.db.conn.commit()
-            return len(doomed)
+        doomed = [r["id"] for r in self.db.query("select id, cycle_id from attempts") if r["cycle_id"] not in cycle_ids]
+        for attempt_id in doomed:
+            self.db["attempts"].delete(attempt_id)
+            self.db.execute("delete from generations where key like ?", [attempt_id + ":%"])
+        self.db.conn.commit()
+        return len(doomed)

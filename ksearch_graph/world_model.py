@@ -252,9 +252,7 @@ def apply_edits(
             if parent is None:
                 errors.append(f"{where}: parent '{op.parent}' does not exist")
                 continue
-            if new.nodes[parent].kind == "open":
-                # An open parent would make a chain; allowed (step 2 waits for step 1), the method's chains.
-                pass
+            # An open parent is allowed: that makes a chain, whose step 2 waits for step 1 to close.
             if op.ref and (op.ref in refs or op.ref in new.nodes):
                 errors.append(f"{where}: ref '{op.ref}' is already used")
                 continue
@@ -293,32 +291,23 @@ def apply_edits(
                 node.beliefs.impact.update(op.impact)
             if op.note:
                 node.beliefs.notes.append(op.note)
-        elif isinstance(op, PruneOp):
+        elif isinstance(op, (PruneOp, SplitOp)):
+            verb = "pruned" if isinstance(op, PruneOp) else "split"
             nid = resolve(op.node)
             if nid is None:
                 errors.append(f"{where}: node '{op.node}' does not exist")
                 continue
             node = new.nodes[nid]
             if node.kind != "open":
-                errors.append(f"{where}: only open nodes can be pruned; '{op.node}' is {node.kind}")
+                errors.append(f"{where}: only open nodes can be {verb}; '{op.node}' is {node.kind}")
                 continue
             if new.children(nid):
-                errors.append(f"{where}: '{op.node}' has children; prune the leaves first")
+                # A split node's children would become alternatives, selectable before the step they
+                # build on was implemented; a pruned node's children would be orphaned.
+                errors.append(f"{where}: '{op.node}' has children (later steps); prune them first")
                 continue
-            del new.nodes[nid]
-        elif isinstance(op, SplitOp):
-            nid = resolve(op.node)
-            if nid is None:
-                errors.append(f"{where}: node '{op.node}' does not exist")
-                continue
-            node = new.nodes[nid]
-            if node.kind != "open":
-                errors.append(f"{where}: only open nodes can be split; '{op.node}' is {node.kind}")
-                continue
-            if new.children(nid):
-                # Its children are later steps of a chain; as alternatives of a decision they would
-                # become selectable before the step they build on was implemented.
-                errors.append(f"{where}: '{op.node}' has later steps below it; prune them first or split a leaf")
+            if isinstance(op, PruneOp):
+                del new.nodes[nid]
                 continue
             node.kind = "decision"
             for action in op.into:

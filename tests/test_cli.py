@@ -161,3 +161,33 @@ def test_kill9_at_random_moments_then_resume_matches_uninterrupted(finished_run,
     assert len({r[0] for r in rows}) == ITERATIONS
     info = _show(run_dir)
     assert info["iterations_done"] == ITERATIONS and info["status"] == "finished"
+
+
+def test_llm_search_through_the_real_openai_client(tmp_path, softmax_task):
+    """`ksearch run --model ... --base-url ...` end to end: real ChatOpenAI, real HTTP, scripted answers."""
+    from conftest import insert, kernel_answer, script
+
+    init = json.loads(script([insert("root", f"idea {i}", value=0.9 - 0.1 * i) for i in range(3)], reflect=False))
+    update = json.loads(script([insert("n1", "continue")]))
+    replies = [
+        Reply.json(init),
+        Reply.error(500, "overloaded"),  # retried with backoff
+        Reply.content(kernel_answer(softmax_task, VARIANT="online", BLOCK_N=256)),
+        Reply.content(kernel_answer(softmax_task, VARIANT="two_pass", BLOCK_N=512)),
+        Reply.json(update),
+    ]
+    with FakeOpenAIServer(replies) as server:
+        run_dir = tmp_path / "llm"
+        proc = run_cli("run", str(SOFTMAX), "--run-dir", str(run_dir), "--iterations", "2", "--stagnation-window", "2",
+                       "--model", "fake-model", "--base-url", server.base_url, "--llm-backoff", "0.01", check=True)
+        assert "planner: fake-model" in proc.stdout and "OFFLINE" not in proc.stdout
+        assert server.remaining == 0
+        assert server.requests[0]["response_format"]["type"] == "json_schema"
+        assert "tools" not in server.requests[2]  # the coder asks in plain text for fenced code
+    info = _show(run_dir)
+    assert info["planner"] == "llm" and info["iterations_done"] == 2 and info["passed"] == 2
+    roles = info["tokens"]["per_role"]
+    assert roles["planner"]["calls"] == 2 and roles["planner"]["prompt_tokens"] == 22
+    assert roles["coder"]["calls"] == 2 and roles["coder"]["completion_tokens"] == 14
+    run_json = json.loads((run_dir / "run.json").read_text())
+    assert "api_key" not in json.dumps(run_json).replace("api_key_env", "")  # no secret is ever written

@@ -300,7 +300,7 @@ def test_prune_open_leaf(tree):
 
 
 @pytest.mark.parametrize("node, pattern", [
-    ("n6", r"'n6' has children; prune the leaves first"),
+    ("n6", r"'n6' has children \(later steps\); prune them first"),
     ("n2", r"only open nodes can be pruned; 'n2' is closed"),
     ("n5", r"only open nodes can be pruned; 'n5' is decision"),
     (ROOT, r"only open nodes can be pruned; 'root' is root"),
@@ -328,7 +328,7 @@ def test_split_turns_an_open_leaf_into_a_decision(tree):
     (ROOT, r"only open nodes can be split"),
     ("zz", r"node 'zz' does not exist"),
     # n6 has a later chain step (n8); as an alternative it would become selectable too early.
-    ("n6", r"'n6' has later steps below it"),
+    ("n6", r"'n6' has children \(later steps\)"),
 ])
 def test_split_rejections(tree, node, pattern):
     assert has_error(rejected(tree, {"op": "split", "node": node, "into": [act("p"), act("q")]}), pattern)

@@ -35,6 +35,7 @@ def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict
             base_hash = cycle["base_source_hash"]
             base_summary = {"id": cycle["base_attempt_id"], "score": cycle["base_score"]} if base_hash else None
         emit(runtime, "codegen", cycle_id=cycle["id"], attempt_id=attempt_id, prompt_kind=kind)
+        history = ctx.store.cycle_attempts(cycle["id"])
         request = CodeRequest(
             kind=kind,
             task=ctx.task,
@@ -46,7 +47,8 @@ def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict
             last_files=ctx.store.get_source(last["source_hash"]) if last and last["source_hash"] else None,
             last_summary=last,
             feedback=state.get("feedback", ""),
-            history=ctx.store.cycle_attempts(cycle["id"]),
+            history=history,
+            history_files=[ctx.store.get_source(a["source_hash"]) if a["source_hash"] else {} for a in history],
         )
         started = time.monotonic()
         answer = ctx.coder.write(request)
