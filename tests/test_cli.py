@@ -129,6 +129,17 @@ def test_dead_endpoint_pauses_then_resume_with_server_back(tmp_path):
     assert proc.returncode == 75, proc.stderr
     assert "paused" in proc.stderr and "ksearch resume" in proc.stderr and "Traceback" not in proc.stderr
     assert _show(run_dir)["status"] == "paused"
+    # The endpoint comes back elsewhere: resume points the run at it and the search finishes.
+    from conftest import insert, kernel_answer, script
+    from ksearch_graph.task import load_task
+
+    replies = [Reply.json(json.loads(script([insert("root", f"idea {i}") for i in range(3)], reflect=False))),
+               Reply.content(kernel_answer(load_task(SOFTMAX))),
+               Reply.json(json.loads(script([insert("n1", "next")])))]
+    with FakeOpenAIServer(replies) as server:
+        proc = run_cli("resume", str(run_dir), "--base-url", server.base_url, check=True)
+    info = _show(run_dir)
+    assert info["status"] == "finished" and info["iterations_done"] == 1
 
 
 def test_kill9_at_random_moments_then_resume_matches_uninterrupted(finished_run, tmp_path):
