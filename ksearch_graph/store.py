@@ -78,7 +78,8 @@ def _locked(method):
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        return method(self, *args, **kwargs)
+        with self._lock:
+            return method(self, *args, **kwargs)
 
     return wrapper
 
@@ -151,6 +152,7 @@ class RunStore:
         rows = list(self.db.query("select * from attempts where id = ?", [attempt_id]))
         return rows[0] if rows else None
 
+    @_locked
     def record_attempt(
         self,
         *,
@@ -200,6 +202,13 @@ class RunStore:
         """Summaries of one cycle's attempts, oldest first."""
         rows = self.db.query("select * from attempts where cycle_id = ? order by iteration", [cycle_id])
         return [attempt_summary(r) for r in rows]
+
+    @_locked
+    def has_cycle(self, cycle_id: str) -> bool:
+        """Whether any attempt (or cached generation) was made under this cycle id."""
+        if self.db.execute("select 1 from attempts where cycle_id = ? limit 1", [cycle_id]).fetchone():
+            return True
+        return bool(self.db.execute("select 1 from generations where key like ? limit 1", [cycle_id + ".%"]).fetchone())
 
     @_locked
     def count_attempts(self) -> int:
@@ -277,10 +286,25 @@ class RunStore:
 
     @_locked
     def keep_only_cycles(self, cycle_ids: set[str]) -> int:
-        """Drop attempts of cycles not in ``cycle_ids`` (used on a branch's copy). Returns how many went."""
+        """Forget every cycle not in ``cycle_ids`` (on a branch's copy): its attempts and its cached
+        code and planner answers, which a later cycle of the branch with the same id must not reuse.
+        Returns how many attempts went."""
         doomed = [r["id"] for r in self.db.query("select id, cycle_id from attempts") if r["cycle_id"] not in cycle_ids]
         for attempt_id in doomed:
             self.db["attempts"].delete(attempt_id)
-            self.db.execute("delete from generations where key like ?", [attempt_id + ":%"])
+        for (key,) in self.db.execute("select key from generations").fetchall():
+            cycle = _cycle_of_generation(key)
+            if cycle is not None and cycle not in cycle_ids:
+                self.db.execute("delete from generations where key = ?", [key])
         self.db.conn.commit()
         return len(doomed)
+
+
+def _cycle_of_generation(key: str) -> str | None:
+    """The cycle a cached generation belongs to: 'c3.2:code' -> c3, 'update:c3:0' -> c3, 'init:0' -> None."""
+    head = key.split(":")
+    if head[0] == "update":
+        return head[1]
+    if "." in head[0]:
+        return head[0].split(".")[0]
+    return None
