@@ -53,6 +53,17 @@ class LLMSettings(BaseModel):
     max_repairs: int = 2  # re-asks after an answer that is not valid JSON or fails validation
     price_prompt_per_mtok: float = 0
     price_completion_per_mtok: float = 0
+    # Send a tighter JSON schema for structured answers (see ``small_model_schema``): servers that
+    # decode against the schema (llama.cpp) then keep a small model's answer short and in range. The
+    # answer is still validated against the full pydantic model.
+    small_model_schema: bool = False
+    # The model's context window in tokens, when known. Prompts are shrunk so that prompt plus
+    # max_tokens fits it, and a small window (a small local model) selects compact prompts.
+    context_tokens: int | None = None
+    # A model of local_llm.MODELS that ksearch serves itself for each run (``--llm local``). Its
+    # base_url and context_tokens are filled in while the server runs and never saved: the port is
+    # ephemeral, and a resumed run starts a new server sized for the machine it runs on.
+    local_model: str | None = None
 
 
 class LLMConfigError(ValueError):
@@ -77,14 +88,17 @@ class CodeExtractionError(ValueError):
 
 
 def make_chat_model(settings: LLMSettings) -> ChatOpenAI:
+    if settings.local_model and not settings.base_url:
+        raise LLMConfigError(f"the local model {settings.local_model!r} is served only while a run drives it "
+                             "(ksearch run/resume start its server)")
     api_key = os.environ.get(settings.api_key_env)
-    if not api_key:
+    if settings.local_model or not api_key:
         if not settings.base_url:
             raise LLMConfigError(
                 f"no API key: set the environment variable {settings.api_key_env}, "
                 "or give a base_url for a local server that needs none"
             )
-        api_key = "not-needed"  # local servers (vLLM, SGLang, llama.cpp) accept any key
+        api_key = "not-needed"  # local servers (vLLM, SGLang, llama.cpp) accept any key; ours gets no real one
     return ChatOpenAI(
         model=settings.model,
         base_url=settings.base_url,
@@ -166,7 +180,7 @@ class LLMClient:
         and ``repairs`` (how many times the model was asked to fix its answer).
         """
         runnable = self._structured_runnable(schema)
-        conversation = list(messages)
+        conversation = messages
         info: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "raw": "", "repairs": 0}
         while True:
             attempt = self._attempt(runnable, conversation, schema, info)
@@ -176,7 +190,9 @@ class LLMClient:
             if info["repairs"] >= self.settings.max_repairs:
                 raise StructuredOutputError(attempt.errors, attempt.raw)
             info["repairs"] += 1
-            conversation += [
+            # Only the latest answer and its errors: earlier rounds add nothing the model needs, and
+            # would grow the prompt past a small model's context (see llm_agents.PromptBudget).
+            conversation = list(messages) + [
                 AIMessage(content=attempt.raw),
                 HumanMessage(content=_repair_request(attempt.errors)),
             ]
@@ -192,7 +208,10 @@ class LLMClient:
             # Given the pydantic class, ChatOpenAI lets the openai SDK validate inside the HTTP
             # call; an answer that does not fit then raises there, losing the raw text and the
             # token usage. A plain JSON-schema dict leaves validation (and repair) to us.
-            target = {"name": schema.__name__, "schema": schema.model_json_schema()}
+            json_schema = schema.model_json_schema()
+            if self.settings.small_model_schema:
+                json_schema = small_model_schema(json_schema)
+            target = {"name": schema.__name__, "schema": json_schema}
         try:
             return self.chat_model.with_structured_output(target, method=method, include_raw=True)
         except NotImplementedError:
@@ -267,6 +286,35 @@ class _Attempt:
     raw: str
     errors: list[str]
     value: BaseModel | None = None
+
+
+_SMALL_MODEL_STRING_CHARS = 400
+
+
+def small_model_schema(schema: Any) -> Any:
+    """A copy of a JSON schema that a small model cannot leave while the server enforces it.
+
+    Every string is capped at 400 characters (uncapped, a 0.5B model fills a 4000-character field
+    with repetition), and a number bounded to a range of at most 10 (a 0..1 value, a 0..10 rating)
+    becomes an enum of 11 steps: llama.cpp's grammars enforce enums but not a number's bounds, and a
+    small model otherwise writes 7 for a 0..1 value in every repair round.
+    """
+    if isinstance(schema, list):
+        return [small_model_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: small_model_schema(value) for key, value in schema.items()}
+    if "enum" in out or "const" in out:
+        return out
+    if out.get("type") == "string":
+        out["maxLength"] = min(out.get("maxLength", _SMALL_MODEL_STRING_CHARS), _SMALL_MODEL_STRING_CHARS)
+    elif out.get("type") == "number" and "minimum" in out and "maximum" in out:
+        low, high = out.pop("minimum"), out.pop("maximum")
+        if 0 < high - low <= 10:
+            out["enum"] = [round(low + (high - low) * i / 10, 6) for i in range(11)]
+        else:
+            out["minimum"], out["maximum"] = low, high
+    return out
 
 
 def _is_transient(exc: openai.APIError) -> bool:
