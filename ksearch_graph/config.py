@@ -27,6 +27,8 @@ class SearchConfig(BaseModel):
     noise_margin: float = Field(0.02, ge=0, le=1)
     # Re-measure a candidate that looks like a new global best and keep the lower score.
     confirm_new_best: bool = True
+    # Ask a person (LangGraph interrupt) before each selected plan is implemented.
+    approve_plans: bool = False
     max_edit_retries: int = Field(2, ge=0, le=5, description="re-asks when the planner's edit is rejected")
     eval_timeout_s: float = Field(180, gt=0)
     # Timing budget per workload (candidate and reference each). None: 1 s with a GPU; 0.25 s without,

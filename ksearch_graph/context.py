@@ -46,3 +46,16 @@ class SearchContext:
             if spent >= budget.max_wall_s:
                 return f"time budget spent ({spent:.0f}s/{budget.max_wall_s:.0f}s)"
         return None
+
+
+def search_context(runtime) -> SearchContext:
+    """The nodes' way to their context.
+
+    The CLI passes a ready SearchContext. A LangGraph server can only pass JSON, so it passes a
+    ``server.ServerRunContext`` naming the task and run directory, resolved here (once per run dir).
+    """
+    if isinstance(runtime.context, SearchContext):
+        return runtime.context
+    from .server import context_for
+
+    return context_for(runtime.context)

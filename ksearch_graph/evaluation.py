@@ -103,7 +103,7 @@ def _clip(text: str, limit: int = _LOG_LIMIT) -> str:
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
 
 
-def _write_files(folder: Path, files: dict[str, str]) -> None:
+def write_files(folder: Path, files: dict[str, str]) -> None:
     """Write the candidate's files; a name that would land outside ``folder`` is the candidate's error."""
     for name, text in files.items():
         rel = PurePosixPath(name)
@@ -183,7 +183,7 @@ class SubprocessEvaluator:
     def _run(self, task: Task, files: dict[str, str], root: Path) -> EvalResult:
         candidate, out = root / "candidate", root / "result.json"
         try:
-            _write_files(candidate, files)
+            write_files(candidate, files)
         except ValueError as e:
             return EvalResult(status=Status.compile_error, log_excerpt=str(e))
         cmd = [self.python, str(_CHILD), "--task", task.root, "--candidate", str(candidate), "--out", str(out),

@@ -25,8 +25,8 @@ from .nodes.world_model_update import init_world_model, update_world_model
 from .state import CycleState, SearchState
 
 
-def build_cycle_graph():
-    g = StateGraph(CycleState, context_schema=SearchContext)
+def build_cycle_graph(context_schema: type = SearchContext):
+    g = StateGraph(CycleState, context_schema=context_schema)
     g.add_node("instantiate_code", instantiate_code)
     g.add_node("compile_and_bench", compile_and_bench)
     g.add_node("reflect", reflect)
@@ -37,12 +37,12 @@ def build_cycle_graph():
     return g.compile()
 
 
-def build_search_graph(checkpointer: BaseCheckpointSaver | None = None):
-    """The K-Search graph. Pass a checkpointer for the CLI; servers supply their own."""
-    g = StateGraph(SearchState, context_schema=SearchContext)
+def build_search_graph(checkpointer: BaseCheckpointSaver | None = None, context_schema: type = SearchContext):
+    """The K-Search graph. Pass a checkpointer for the CLI; servers supply their own (``server.py``)."""
+    g = StateGraph(SearchState, context_schema=context_schema)
     g.add_node("init_world_model", init_world_model)
     g.add_node("select_plans", select_plans)
-    g.add_node("action_cycle", build_cycle_graph())
+    g.add_node("action_cycle", build_cycle_graph(context_schema))
     g.add_node("update_world_model", update_world_model)
     g.add_node("finalize", finalize)
     g.add_edge(START, "init_world_model")

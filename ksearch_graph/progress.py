@@ -17,7 +17,10 @@ class ProgressPrinter:
         self.store = store
         self.budget = budget
         self.out = out
-        self.best: tuple[float, str] | None = None
+        # A resumed run starts from the best it already has.
+        passed = [a for a in store.attempts() if a["status"] == "passed"]
+        top = max(passed, key=lambda a: a["score"], default=None)
+        self.best: tuple[float, str] | None = (top["score"], top["id"]) if top else None
         self.titles: dict[str, str] = {}
 
     def _print(self, text: str) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
+
+from langgraph.types import Command
 
 from .agents import Coder, Planner
 from .config import SearchConfig
@@ -55,8 +57,9 @@ def make_context(run: RunDir, *, evaluator: Evaluator | None = None,
 
 
 def drive(run: RunDir, ctx: SearchContext, *, fresh: bool, on_event: EventSink | None = None,
-          checkpoint_id: str | None = None) -> dict:
-    """Run the graph until it finishes (or raises). Returns the final state values.
+          checkpoint_id: str | None = None, answer: Any = None) -> dict:
+    """Run the graph until it finishes, waits for a person (``pending_question``), or raises.
+    Returns the state values. ``answer`` resumes a run waiting on a question.
 
     ``durability="sync"``: every checkpoint is on disk before the next step starts, so a kill -9
     loses at most the step in flight (measured: the async default lost 23 of 25 checkpoints).
@@ -65,7 +68,7 @@ def drive(run: RunDir, ctx: SearchContext, *, fresh: bool, on_event: EventSink |
     config = run.graph_config(checkpoint_id)
     ctx.store.set_meta("status", "running")
     for namespace, mode, chunk in graph.stream(
-        {} if fresh else None,
+        Command(resume=answer) if answer is not None else ({} if fresh else None),
         config,
         context=ctx,
         stream_mode=["custom"],
@@ -75,6 +78,13 @@ def drive(run: RunDir, ctx: SearchContext, *, fresh: bool, on_event: EventSink |
         if on_event is not None and mode == "custom":
             on_event(chunk)
     return graph.get_state(run.graph_config()).values
+
+
+def pending_question(run: RunDir) -> dict | None:
+    """The question a run waits on (plan approval), or None."""
+    graph = build_search_graph(run.checkpointer())
+    interrupts = graph.get_state(run.graph_config()).interrupts
+    return interrupts[0].value if interrupts else None
 
 
 def start(task_folder: str | Path, run_dir: str | Path, config: SearchConfig) -> RunDir:

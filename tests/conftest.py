@@ -47,6 +47,9 @@ class ScriptedChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "scripted"
 
+    def bind_tools(self, tools, **kwargs):
+        return self  # the script already says which tool to call
+
     def _role(self, messages: list[BaseMessage]) -> str:
         return "planner" if "planner of K-Search" in str(messages[0].content) else "coder"
 
@@ -59,7 +62,11 @@ class ScriptedChatModel(BaseChatModel):
         answer = queue.pop(0)
         if isinstance(answer, Exception):
             raise answer
-        text = answer(messages) if callable(answer) else answer
+        if callable(answer):
+            answer = answer(messages)
+        if isinstance(answer, AIMessage):  # e.g. a tool call, for agents
+            return ChatResult(generations=[ChatGeneration(message=answer)])
+        text = answer
         tokens = sum(len(str(m.content)) for m in messages) // 4
         message = AIMessage(content=text, usage_metadata={"input_tokens": tokens, "output_tokens": len(text) // 4,
                                                           "total_tokens": tokens + len(text) // 4})

@@ -202,3 +202,43 @@ def test_llm_search_through_the_real_openai_client(tmp_path, softmax_task):
     assert roles["coder"]["calls"] == 2 and roles["coder"]["completion_tokens"] == 14
     run_json = json.loads((run_dir / "run.json").read_text())
     assert "api_key" not in json.dumps(run_json).replace("api_key_env", "")  # no secret is ever written
+
+
+def _evaluation_children() -> int:
+    out = subprocess.run(["pgrep", "-f", "_evaluate_child"], capture_output=True, text=True).stdout
+    return len(out.split())
+
+
+def test_ctrl_c_stops_at_once_and_resume_finishes(tmp_path):
+    run_dir = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--run-dir", str(run_dir),
+                             "--iterations", "2"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while not (run_dir / "store.sqlite").exists() or _evaluation_children() == 0:  # mid-evaluation
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    started = time.time()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.time() - started < 5, out
+    assert "ksearch resume" in out
+    time.sleep(0.5)
+    assert _evaluation_children() == 0  # the evaluation child died with the search
+    assert _show(run_dir)["status"] == "interrupted"
+    run_cli("resume", str(run_dir), "--quiet", check=True)
+    info = _show(run_dir)
+    assert info["status"] == "finished" and info["iterations_done"] == 2
+
+
+def test_approve_plans_waits_and_resume_answers(tmp_path):
+    run_dir = tmp_path / "approve"
+    proc = run_cli("run", str(SOFTMAX), "--run-dir", str(run_dir), "--iterations", "1", "--approve-plans")
+    assert proc.returncode == 76 and "waiting for approval" in proc.stdout and "[approval] next plan: n1" in proc.stdout
+    assert _show(run_dir)["status"] == "waiting" and _attempt_rows(run_dir) == []
+    proc = run_cli("resume", str(run_dir), "--answer", "maybe")
+    assert proc.returncode == 2 and "unknown answer" in proc.stderr
+    run_cli("resume", str(run_dir), "--answer", "pick n2", check=True)
+    assert [r[0] for r in _attempt_rows(run_dir)] == ["c1.1"] and _show(run_dir)["status"] == "finished"
+    with sqlite3.connect(run_dir / "store.sqlite") as db:
+        assert db.execute("select node_id from attempts where id = 'c1.1'").fetchone()[0] == "n2"

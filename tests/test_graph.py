@@ -15,7 +15,7 @@ from conftest import SOFTMAX, insert, kernel_answer, script
 from ksearch_graph.config import Budget, SearchConfig
 from ksearch_graph.llm import EndpointUnavailable, LLMSettings
 from ksearch_graph.llm_agents import LLMCoder, LLMPlanner
-from ksearch_graph.search import drive, history, make_context, start, summary
+from ksearch_graph.search import drive, history, make_context, start, state_at, summary
 from ksearch_graph.world_model import WorldModel
 
 SETTINGS = LLMSettings(model="scripted", backoff_s=0.01, max_retries=2)
@@ -30,8 +30,8 @@ def _run(tmp_path, scripted, *, iterations=3, window=2, k=1, name="run", **confi
     return run, ctx, events
 
 
-def _drive(run, ctx, events, fresh=True):
-    return drive(run, ctx, fresh=fresh, on_event=events.append)
+def _drive(run, ctx, events, fresh=True, answer=None):
+    return drive(run, ctx, fresh=fresh and answer is None, on_event=events.append, answer=answer)
 
 
 def _init(n=3):
@@ -201,3 +201,86 @@ def test_token_cap_ends_a_running_cycle(tmp_path, scripted, softmax_task):
     assert final["iterations_done"] == 1 and "token budget" in final["stop_reason"]
     finished = [e for e in events if e["event"] == "cycle_finished"]
     assert "token budget" in finished[0]["reason"]
+
+
+def test_wall_clock_cap_counts_time_spent_across_the_run(tmp_path, scripted, softmax_task):
+    scripted.planner += [_init()]
+    run, ctx, events = _run(tmp_path, scripted, iterations=5, window=5)
+    ctx.config.budget.max_wall_s = 0.5  # the seed's evaluation alone takes longer
+    final = _drive(run, ctx, events)
+    assert "time budget" in final["stop_reason"] and final["iterations_done"] == 0
+
+
+def test_branch_forgets_the_source_runs_later_cycles(tmp_path, scripted, softmax_task):
+    """A branch re-uses cycle ids (c2 again); it must not replay the source's cached code or planner answers."""
+    from ksearch_graph.search import branch
+
+    good = kernel_answer(softmax_task)
+    scripted.planner += [_init(), script([insert("n1", "after c1")]), script([insert("n2", "after c2")])]
+    scripted.coder += [good, "no code", kernel_answer(softmax_task, BLOCK_N=512)]
+    run, ctx, events = _run(tmp_path, scripted, iterations=3, window=1)
+    _drive(run, ctx, events)
+    at = next(r for r in history(run) if r["node"] == "update_world_model")  # after c1, before c2
+    new = branch(run.path, at["checkpoint"], tmp_path / "branch")
+    store = new.store()
+    assert [a["id"] for a in store.attempts()] == ["seed", "c1.1", "c1.2"]
+    assert store.get_generation("c2.1:code") is None and store.get_generation("update:c2:0") is None
+    assert store.get_generation("c1.1:code") is not None
+    store.close()
+
+
+def test_plan_approval_pick_edit_stop_and_bad_answers(tmp_path, scripted, softmax_task):
+    from ksearch_graph.search import pending_question
+
+    scripted.planner += [_init(), script([insert("n2", "after n2")]), script([{"op": "update", "node": "n1", "value": 0.2}])]
+    scripted.coder += [kernel_answer(softmax_task), "no code", "no code"]
+    run, ctx, events = _run(tmp_path, scripted, iterations=4, window=1, approve_plans=True)
+    _drive(run, ctx, events)
+    q = pending_question(run)
+    assert q["question"] == "approve_plan" and q["node_id"] == "n1" and {f["id"] for f in q["frontier"]} == {"n1", "n2", "n3"}
+    assert ctx.store.count_attempts() == 0  # nothing is implemented before the answer
+
+    _drive(run, ctx, events, answer={"decision": "pick", "node_id": "nope"})  # not on the frontier: asked again
+    assert "not an open action" in pending_question(run)["problem"]
+    _drive(run, ctx, events, answer={"decision": "maybe"})  # malformed: asked again
+    assert "not usable" in pending_question(run)["problem"]
+    _drive(run, ctx, events, answer={"decision": "pick", "node_id": "n2"})  # runs a cycle on n2
+    assert pending_question(run)["node_id"] == "n1"
+    _drive(run, ctx, events, answer={"decision": "edit", "action": {"title": "n1, edited by hand"}})
+    wm = WorldModel.from_state(state_at(run)["world_model"])
+    assert wm.nodes["n2"].kind == "closed" and wm.nodes["n1"].action.title == "n1, edited by hand"
+    final = _drive(run, ctx, events, answer={"decision": "stop"})
+    assert final["stop_reason"] == "stopped by the user" and pending_question(run) is None
+    assert [a["node_id"] for a in ctx.store.attempts() if a["prompt_kind"] != "seed"] == ["n2", "n2", "n1"]
+
+
+def test_store_is_safe_under_concurrent_writers(tmp_path):
+    """Parallel cycles and the progress view share one store connection from several threads."""
+    import threading
+
+    from ksearch_graph.evaluation import EvalResult, Status
+    from ksearch_graph.store import RunStore
+
+    store = RunStore(tmp_path / "store.sqlite")
+    errors = []
+
+    def work(worker: int):
+        try:
+            for i in range(60):
+                store.record_llm_call("coder", "code", {"prompt_tokens": 1}, 0.0)
+                store.record_attempt(attempt_id=f"c{worker}.{i}", cycle_id=f"c{worker}", node_id="n1",
+                                     prompt_kind="first", base_attempt_id=None, parent_attempt_id=None,
+                                     source_hash=store.put_source({"k.py": f"{worker}-{i}"}),
+                                     result=EvalResult(status=Status.passed, score=1.0))
+                store.token_totals()
+                store.log_event("attempt", i=i)
+        except Exception as e:  # noqa: BLE001 - any error is the failure we look for
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert store.count_attempts() == 240 and store.token_totals()["per_role"]["coder"]["calls"] == 240

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from langgraph.runtime import Runtime
 
-from ..context import SearchContext
+from ..context import SearchContext, search_context
 
 
 def emit(runtime: Runtime[SearchContext], kind: str, **data) -> None:
     """A typed progress event: to the live stream (CLI, server clients) and to the run's event log."""
-    runtime.context.store.log_event(kind, **data)
+    search_context(runtime).store.log_event(kind, **data)
     runtime.stream_writer({"event": kind, **data})

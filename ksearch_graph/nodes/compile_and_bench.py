@@ -14,7 +14,7 @@ import time
 
 from langgraph.runtime import Runtime
 
-from ..context import SearchContext
+from ..context import SearchContext, search_context
 from ..evaluation import EvalResult, Status
 from ..state import CycleState
 from ..store import attempt_summary
@@ -39,6 +39,7 @@ def evaluate_once(
     files: dict[str, str] | None = None,
     pending: dict | None = None,
     confirm_above: float | None = None,
+    best_before: float = 0.0,
 ) -> dict:
     """Evaluate and record one attempt (or return its stored row). Returns the store row."""
     row = ctx.store.get_attempt(attempt_id)
@@ -77,12 +78,14 @@ def evaluate_once(
     )
     emit(runtime, "attempt", attempt_id=attempt_id, cycle_id=cycle_id, node_id=node_id,
          iteration=row["iteration"], prompt_kind=prompt_kind, status=row["status"],
-         score=row["score"], latency_us=row["latency_us"], log=row["log_excerpt"][:200])
+         score=row["score"], latency_us=row["latency_us"], log=row["log_excerpt"][:200],
+         best_score=max(best_before, row["score"] if row["status"] == "passed" else 0.0),
+         tokens=ctx.store.token_totals()["total_tokens"])
     return row
 
 
 def compile_and_bench(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
-    ctx = runtime.context
+    ctx = search_context(runtime)
     cycle, pending = state["cycle"], state["pending"]
     cycle_best = state.get("cycle_best")
     bar = max(cycle["best_score_at_start"] or 0.0, cycle_best["score"] if cycle_best else 0.0)
@@ -96,5 +99,6 @@ def compile_and_bench(state: CycleState, runtime: Runtime[SearchContext]) -> dic
         pending=pending,
         # Nothing to beat yet means nothing to confirm against.
         confirm_above=bar * (1 + ctx.config.noise_margin) if ctx.config.confirm_new_best and bar > 0 else None,
+        best_before=bar,
     )
     return {"last": attempt_summary(row), "n_attempts": state.get("n_attempts", 0) + 1, "pending": None}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from langgraph.runtime import Runtime
 
-from ..context import SearchContext
+from ..context import SearchContext, search_context
 from ..state import SearchState
 from ._common import emit
 
 
 def finalize(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
-    ctx = runtime.context
+    ctx = search_context(runtime)
     best = state.get("best")
     if best:
         out = ctx.run_dir / "best"

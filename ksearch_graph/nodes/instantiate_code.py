@@ -13,13 +13,13 @@ import time
 from langgraph.runtime import Runtime
 
 from ..agents import CodeRequest
-from ..context import SearchContext
+from ..context import SearchContext, search_context
 from ..state import CycleState
 from ._common import emit
 
 
 def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
-    ctx = runtime.context
+    ctx = search_context(runtime)
     cycle = state["cycle"]
     n_attempts = state.get("n_attempts", 0)
     attempt_id = f"{cycle['id']}.{n_attempts + 1}"

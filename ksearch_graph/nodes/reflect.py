@@ -10,7 +10,7 @@ from __future__ import annotations
 from langgraph.graph import END
 from langgraph.runtime import Runtime
 
-from ..context import SearchContext
+from ..context import SearchContext, search_context
 from ..evaluation import EvalResult
 from ..state import CycleState
 from ._common import emit
@@ -37,7 +37,7 @@ def _feedback(ctx: SearchContext, last: dict, best: dict | None) -> str:
 
 
 def reflect(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
-    ctx = runtime.context
+    ctx = search_context(runtime)
     cycle = state["cycle"]
     n_attempts = state["n_attempts"]
     last = state["last"]

@@ -7,18 +7,21 @@ which makes them part of the checkpoint: a resumed or branched run relaunches ex
 
 from __future__ import annotations
 
-from langgraph.runtime import Runtime
-from langgraph.types import Send
+from typing import Literal
 
-from ..context import SearchContext
+from langgraph.runtime import Runtime
+from langgraph.types import Send, interrupt
+from pydantic import BaseModel, ValidationError
+
+from ..context import SearchContext, search_context
 from ..policy import select_actions
 from ..state import SearchState
-from ..world_model import WorldModel
+from ..world_model import Action, WorldModel
 from ._common import emit
 
 
 def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
-    ctx = runtime.context
+    ctx = search_context(runtime)
     done = state.get("iterations_done", 0)
     stop = ctx.budget_stop_reason(done)
     wm = WorldModel.from_state(state["world_model"])
@@ -33,9 +36,11 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
         )
         if not picks:
             stop = "frontier exhausted: no open action left"
+        elif ctx.config.approve_plans:
+            picks, wm, stop = _approve(wm, picks)
     if stop is not None:
         emit(runtime, "stopping", reason=stop)
-        return {"stop_reason": stop, "selected": [], "last_node": "select_plans"}
+        return {"stop_reason": stop, "selected": [], "world_model": wm.to_state(), "last_node": "select_plans"}
 
     seq = state.get("cycle_seq", 0)
     best_score = (state.get("best") or {}).get("score", 0.0)
@@ -45,7 +50,7 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
         seq += 1
         base = wm.code_parent(node_id).attachment
         cycle = {
-            "id": f"c{seq}",
+            "id": _fresh_cycle_id(ctx, seq),
             "node_id": node_id,
             "action": wm.nodes[node_id].action.model_dump(mode="json"),
             "allowance": share + (1 if i < extra else 0),
@@ -58,7 +63,62 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
         cycles.append(cycle)
         emit(runtime, "cycle_started", cycle_id=cycle["id"], node_id=node_id,
              title=wm.nodes[node_id].action.title, allowance=cycle["allowance"])
-    return {"selected": cycles, "cycle_seq": seq, "stop_reason": None, "last_node": "select_plans"}
+    return {"selected": cycles, "cycle_seq": seq, "stop_reason": None, "world_model": wm.to_state(),
+            "last_node": "select_plans"}
+
+
+class PlanDecision(BaseModel):
+    """A person's answer to "implement this plan next?" (the resume value of the interrupt)."""
+
+    decision: Literal["approve", "edit", "pick", "stop"]
+    node_id: str | None = None  # with "pick": the frontier node to implement instead
+    action: dict | None = None  # with "edit": Action fields to change (title, description, params, ...)
+
+
+def _approve(wm: WorldModel, picks: list[str]) -> tuple[list[str], WorldModel, str | None]:
+    """Ask a person about each selected plan with ``interrupt``: approve, edit it, pick another, or stop.
+
+    On resume LangGraph re-runs this node and each ``interrupt`` returns its answer in order, so
+    everything before an interrupt must be deterministic (it is: selection is). A malformed answer
+    is asked again, with the error in the question.
+    """
+    approved: list[str] = []
+    for node_id in picks:
+        problem = ""
+        while True:
+            frontier = [{"id": n.id, "title": n.action.title, "value": n.action.value,
+                         "difficulty": n.action.difficulty} for n in wm.frontier() if n.id not in approved]
+            answer = interrupt({"question": "approve_plan", "node_id": node_id, "problem": problem,
+                                "action": wm.nodes[node_id].action.model_dump(mode="json"), "frontier": frontier})
+            try:
+                d = PlanDecision.model_validate(answer)
+                if d.decision == "stop":
+                    return approved, wm, "stopped by the user"
+                if d.decision == "pick":
+                    if d.node_id not in {f["id"] for f in frontier}:
+                        raise ValueError(f"{d.node_id!r} is not an open action on the frontier")
+                    node_id = d.node_id
+                elif d.decision == "edit":
+                    edited = wm.nodes[node_id].action.model_dump() | (d.action or {})
+                    wm = wm.model_copy(deep=True)
+                    wm.nodes[node_id].action = Action.model_validate(edited)
+            except (ValidationError, ValueError) as e:
+                problem = f"the last answer was not usable: {e}"
+                continue
+            approved.append(node_id)
+            break
+    return approved, wm, None
+
+
+def _fresh_cycle_id(ctx: SearchContext, seq: int) -> str:
+    """``c<seq>``, unless another history of this run (a fork of the same thread on a server, where
+    branches share one store) already used it: then ``c<seq>b``, ``c<seq>c``, ... Attempts are
+    recorded under their cycle's id, so ids must not be shared between histories."""
+    cycle_id, suffix = f"c{seq}", ord("a")
+    while ctx.store.has_cycle(cycle_id):
+        suffix += 1
+        cycle_id = f"c{seq}{chr(suffix)}"
+    return cycle_id
 
 
 def launch_cycles(state: SearchState):

@@ -12,7 +12,7 @@ from typing import Callable
 from langgraph.runtime import Runtime
 
 from ..agents import Evidence, PlannerOutputError, Usage
-from ..context import SearchContext
+from ..context import SearchContext, search_context
 from ..state import CLEAR, SearchState
 from ..world_model import (
     MAX_INIT_NODES,
@@ -63,7 +63,7 @@ def _edit_with_retries(
 
 
 def init_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
-    ctx = runtime.context
+    ctx = search_context(runtime)
     wm = WorldModel.new(ctx.task.spec.description or ctx.task.name)
     best = None
     merged: list[str] = []
@@ -118,12 +118,14 @@ def _best_entry(row: dict, node_id: str) -> dict:
 
 
 def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
-    ctx = runtime.context
+    ctx = search_context(runtime)
     wm = WorldModel.from_state(state["world_model"])
     best = state.get("best")
     iterations = state.get("iterations_done", 0)
     merged = list(state.get("merged_cycles", []))
-    for result in sorted(state.get("finished_cycles", []), key=lambda r: int(r["cycle_id"][1:])):
+    # In launch order, so parallel cycles merge deterministically.
+    order = {c["id"]: i for i, c in enumerate(state.get("selected", []))}
+    for result in sorted(state.get("finished_cycles", []), key=lambda r: order.get(r["cycle_id"], len(order))):
         node_id, cycle_id = result["node_id"], result["cycle_id"]
         iterations += result["n_attempts"]
         merged.append(cycle_id)

@@ -1,0 +1,73 @@
+"""Export a run's best kernel(s) as plain files, each with a small ``result.json`` that says what it scored.
+
+``export_best(run_dir, out_dir)`` writes the run's best kernel into ``out_dir``; with ``top=k`` it writes the k
+best distinct passing kernels, each into ``out_dir/<attempt id>/``, the run's best first.
+
+Other export formats (FlashInfer-Trace JSON, with the tasks issue) belong in ``write_kernel``: it has the task,
+the attempt's store row, its evaluation result and its files, which is what such a writer needs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .evaluation import EvalResult, write_files
+from .run_dir import RunDir
+from .search import state_at
+from .task import Task
+
+RESULT_FILE = "result.json"
+
+
+def export_best(run_dir: str | Path, out_dir: str | Path, *, top: int = 1) -> list[Path]:
+    """Write the best kernel (or the ``top`` best) and return the folders written, best first.
+
+    "Best" is the run's own best (the search's choice, made with its noise margin and confirming
+    re-measurement); the others follow by score. Attempts with the same code count once.
+    """
+    if top < 1:
+        raise ValueError("top must be at least 1")
+    run = RunDir.open(run_dir)
+    best = state_at(run).get("best")
+    if not best:
+        return []
+    store = run.store()
+    try:
+        passing = [a for a in store.attempts() if a["status"] == "passed"]
+        ranked = sorted(passing, key=lambda a: (a["id"] != best["attempt_id"], -a["score"]))
+        chosen, hashes = [], set()
+        for row in ranked:
+            if row["source_hash"] not in hashes:
+                hashes.add(row["source_hash"])
+                chosen.append((row, store.get_source(row["source_hash"])))
+    finally:
+        store.close()
+    out = Path(out_dir)
+    task = run.task()
+    if top == 1:
+        row, files = chosen[0]
+        return [write_kernel(out, task, row, files)]
+    return [write_kernel(out / row["id"], task, row, files) for row, files in chosen[:top]]
+
+
+def write_kernel(folder: Path, task: Task, row: dict, files: dict[str, str]) -> Path:
+    """One kernel's files and its ``result.json``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    # The file names came from the coder (an LLM): write_files refuses any that would leave the folder.
+    write_files(folder, files)
+    result = EvalResult.model_validate_json(row["result"])
+    summary = {
+        "task": task.name,
+        "attempt_id": row["id"],
+        "node_id": row["node_id"],
+        "status": row["status"],
+        "score": row["score"],
+        "latency_us": row["latency_us"],
+        "timing_representative": result.timing_representative,
+        "workloads": [w.model_dump(mode="json") for w in result.workloads],
+        "environment": result.environment,
+        "files": sorted(files),
+    }
+    (folder / RESULT_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return folder
