@@ -7,7 +7,7 @@ import time
 
 import openai
 import pytest
-from fake_openai_server import FakeOpenAIServer, Reply  # the fake_openai fixture comes from conftest.py
+from fake_openai_server import Reply  # the fake_openai fixture comes from conftest.py
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from pydantic import BaseModel, Field
