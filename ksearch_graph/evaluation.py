@@ -51,6 +51,9 @@ class WorkloadResult(BaseModel):
     runs: int = 0
     reference_us: float | None = None
     speedup: float | None = None  # reference_us / latency_us
+    baseline_us: float | None = None  # the task's baseline, timed the same way in the same evaluation
+    speedup_vs_baseline: float | None = None  # baseline_us / latency_us
+    timed: bool = True  # False: a correctness-only workload
 
 
 class EvalResult(BaseModel):
@@ -59,8 +62,14 @@ class EvalResult(BaseModel):
     # Geometric mean over workloads of reference latency / candidate latency; 0 unless passed.
     score: float = 0.0
     latency_us: float | None = None  # geometric mean of the candidate's per-workload latency
+    # Against the task's baseline (when it has one): geometric-mean speedup, and the K-Search / FlashInfer-Bench
+    # plots' score, 100 x the arithmetic mean of baseline latency / candidate latency.
+    speedup_vs_baseline: float | None = None
+    baseline_score: float | None = None
     compile_s: float = 0.0
     wall_s: float = 0.0
+    # Where the wall time went, in seconds: spawn, imports, inputs, reference, compile, correctness, timing.
+    phases: dict[str, float] = {}
     # What the LLM is shown: the error itself, not pages of traceback.
     log_excerpt: str = ""
     # False on CPU (Triton interpreter): the numbers order candidates but mean nothing for a GPU.

@@ -19,7 +19,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-Language = Literal["triton", "pytorch", "cuda"]
+# triton / pytorch / cupy: a Python file (``solution_file``) defining the entry point (cupy: CUDA C++ compiled by
+# NVRTC through ``cupy.RawModule``). cuda: CUDA C++ built as a torch extension from ``kernel.cu`` (+ ``kernel.h``,
+# other .cu/.cpp/.h files) and ``main.cpp``, which binds the entry point with pybind11 (K-Search / FlashInfer-Bench).
+Language = Literal["triton", "pytorch", "cupy", "cuda"]
 
 
 class TaskError(ValueError):
@@ -36,6 +39,8 @@ class Tolerance(BaseModel):
 class Workload(BaseModel):
     name: str
     params: dict[str, Any]
+    # False for correctness-only cases (GPU MODE's "test" shapes): checked, never timed.
+    timed: bool = True
 
 
 class TemplateParameter(BaseModel):
@@ -80,7 +85,13 @@ class TaskSpec(BaseModel):
     spec: str = "spec.md"
     reference: str = "reference.py"
     entry_point: str = Field(min_length=1)
-    language: Language = "triton"
+    # function: entry_point(*inputs) is the kernel. module: entry_point is an nn.Module class (KernelBench's
+    # ModelNew); make_inputs returns (init_args, state_dict, *forward_inputs), the harness builds
+    # entry_point(*init_args) on the device, loads state_dict (strict) and times model(*forward_inputs).
+    # The reference file's ``reference`` follows the same kind.
+    entry_kind: Literal["function", "module"] = "function"
+    language: Language = "triton"  # what the coder writes by default
+    allowed_languages: list[Language] = []  # what the harness accepts; just ``language`` when empty
     solution_file: str = "kernel.py"
     tolerance: Tolerance = Tolerance()
     workloads: list[Workload] = Field(min_length=1)
@@ -88,6 +99,9 @@ class TaskSpec(BaseModel):
     feedback_workloads: list[str] = []
     correctness_seeds: int = Field(3, ge=1, le=32)
     seed_solution: str | None = None
+    # The strongest available implementation (vendor kernel or well-written PyTorch, never the naive reference):
+    # a Python file defining ``entry_point``, timed next to the reference in every evaluation.
+    baseline: str | None = None
     template: TemplateSpec | None = None
 
 
@@ -110,6 +124,9 @@ class Task(BaseModel):
         if not wanted:
             return list(self.spec.workloads)
         return [w for w in self.spec.workloads if w.name in wanted]
+
+    def languages(self) -> list[str]:
+        return list(self.spec.allowed_languages or [self.spec.language])
 
     def path(self, relative: str) -> Path:
         return Path(self.root) / relative
@@ -138,12 +155,16 @@ def load_task(path: str | Path) -> Task:
     except ValidationError as e:
         lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
         raise TaskError(f"{manifest} is not a valid task:\n" + "\n".join(lines)) from None
+    if not any(w.timed for w in spec.workloads):
+        raise TaskError(f"{manifest}: at least one workload must be timed")
     names = [w.name for w in spec.workloads]
     if len(set(names)) != len(names):
         raise TaskError(f"{manifest}: workload names must be unique")
     unknown = sorted(set(spec.feedback_workloads) - set(names))
     if unknown:
         raise TaskError(f"{manifest}: feedback_workloads names unknown workloads {unknown}")
+    if spec.baseline:
+        _read(folder, spec.baseline, "baseline")
     template_source = None
     if spec.template is not None:
         template_source = _read(folder, spec.template.file, "template")
