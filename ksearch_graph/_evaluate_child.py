@@ -1,49 +1,53 @@
-"""Evaluate one kernel candidate and write an EvalResult-shaped JSON: the child side of SubprocessEvaluator.
+"""Evaluate one kernel candidate and write an EvalResult-shaped JSON: the judge side of SubprocessEvaluator.
 
     python _evaluate_child.py --task TASK_DIR --candidate CANDIDATE_DIR --out RESULT.json
-                              [--workloads NAME,NAME] [--seeds-from-env] [--time-budget-s S]
+        [--workloads NAME,NAME] [--seeds-from-env] [--time-budget-s S] [--compile-timeout-s S]
+        [--call-timeout-s S] [--cache-dir DIR] [--lock-dir DIR] [--no-network-isolation]
 
-Standalone on purpose (stdlib + torch, triton only when the candidate imports it, never ksearch_graph): this one
-file is what gets copied to a GPU host. ``tools/evaluate_candidate.py`` runs it from a checkout.
+Standalone on purpose (stdlib + torch, never ksearch_graph): this file and ``_candidate_runner.py`` are what a GPU
+host needs. ``tools/evaluate_candidate.py`` runs it from a checkout.
 
-Order of work, and why:
-1. Before any candidate code is imported, generate every input set, compute the reference outputs, time the
-   reference, and keep the expected outputs only as host bytes. The candidate cannot then patch torch or the
-   reference to agree with itself, cannot find expected tensors through the garbage collector, and cannot read
-   them from freed device memory (device buffers are overwritten with NaN before they are freed).
-2. Import the candidate (import time counts as compile time).
-3. Correctness on every workload, each call on its own copy of freshly regenerated inputs; stop at the first failure.
-4. Timing of every workload, each call on a fresh copy of one of the input sets in turn, then a re-check of the
-   last timed call's output and inputs.
-Input seeds derive from a random base seed (``KSEARCH_EVAL_SEED`` with --seeds-from-env, else drawn here), new for
-every evaluation and never passed to the candidate. These checks stop cheap and accidental cheats; code running in
-this process could still reach the harness's own state, so they are not a sandbox against a determined adversary.
+Two processes, and why. This process (the judge) never imports candidate code. It starts the candidate's process
+(``_candidate_runner.py``: own network namespace, no seed, no secrets) and drives it over a socket. For every input
+set the judge sends only a seed; both processes build the inputs with the task's ``make_inputs``; the judge computes
+the reference, the runner calls the candidate and sends back its output and its inputs through CUDA IPC (shared
+memory on CPU), and the judge compares on the device. Expected outputs, the base seed and the comparison live where
+candidate code cannot reach them: not through the garbage collector, not by patching torch, not in freed memory.
+
+Order of work:
+1. Start the runner (it imports torch and the candidate: compile time, under its own time limit). Meanwhile time the
+   reference (and the task's baseline) on fresh inputs, holding this GPU's timing lock.
+2. Correctness: every workload, ``correctness_seeds`` input sets each, derived from a base seed drawn per evaluation.
+   Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
+3. Timing of the timed workloads, holding the GPU's timing lock: every timed call on a freshly generated input set,
+   L2 flushed, events plus a device-wide synchronize; the first and last timed call and a random fifth of the others
+   are re-checked against the reference, chosen after the call so the candidate cannot tell which.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import contextlib
 import faulthandler
-import hashlib
-import importlib.util
+import io
 import json
 import math
 import os
+import pickle
 import platform
+import random
 import secrets
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import time
 import traceback
-from typing import NamedTuple
 
 
 def _die_with_parent() -> None:
-    """If the search process is killed (kill -9, OOM), do not keep a GPU busy for nobody.
-
-    Linux only: ask the kernel for SIGKILL when the parent dies, then check it has not died already.
-    """
+    """If the search process is killed (kill -9, OOM), do not keep a GPU busy for nobody."""
     parent = os.environ.get("KSEARCH_PARENT_PID")
     if not parent or not sys.platform.startswith("linux"):
         return
@@ -60,122 +64,141 @@ def _die_with_parent() -> None:
 if __name__ == "__main__":
     _die_with_parent()  # before the slow torch import: a search killed meanwhile takes us along at once
 
-import torch  # noqa: E402  (does not import triton, so TRITON_INTERPRET can still be set below)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import _candidate_runner as rl  # noqa: E402
+from _candidate_runner import Failure, as_tensors, clip, describe, derive_seed, load_module, progress  # noqa: E402
+
+torch = rl.load_torch()
 
 SEED_ENV = "KSEARCH_EVAL_SEED"
-LOG_LIMIT = 2000
-MIN_RUNS, MAX_RUNS = 3, 100
-TARGET_RSE = 0.01  # stop timing once the relative standard error of the mean is below 1%
-FLUSH_BYTES = 256 << 20  # at least 2x the L2 of any current GPU (H200: 50 MB)
 ESCAPE_SLACK_US = 20.0  # device work past a call's end event beyond the reference's, before it counts as the call's
-
+CHECK_PROBABILITY = 0.2  # share of timed calls (besides the first and last) whose output is re-checked
+TRIVIAL_REL_L2 = 0.5  # an output this far from the reference in L2 fails even if every element is within atol
+COMPARE_CHUNK = 1 << 26  # elements compared at a time in float64 (bounds the comparison's extra memory)
 DEVICE = "cpu"  # set once by evaluate()
 
 
-class Failure(Exception):
-    """Ends the evaluation with ``status``; ``message`` becomes the log excerpt the LLM sees."""
-
-    def __init__(self, status: str, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
+# --- receiving from the runner: only tensors and plain data, never code ------------------------------------------
 
 
-def progress(msg: str) -> None:
-    # The parent shows the last of these lines when it has to kill us, so a hang says where it hung.
-    print(f"[ksearch-eval] {msg}", file=sys.stderr, flush=True)
+class _TensorsOnly(pickle.Unpickler):
+    """The runner is untrusted: a plain pickle.loads of its messages would run whatever it chose in this process."""
+
+    ALLOWED = {
+        ("torch.multiprocessing.reductions", n) for n in (
+            "rebuild_tensor", "rebuild_cuda_tensor", "rebuild_typed_storage", "rebuild_storage_fd",
+            "rebuild_storage_filename", "rebuild_storage_empty", "rebuild_typed_storage_child")
+    } | {("torch", "Tensor"), ("torch", "Size"), ("torch", "device"), ("torch.storage", "UntypedStorage"),
+         ("torch.storage", "TypedStorage"), ("multiprocessing.resource_sharer", "DupFd"),
+         ("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"the candidate's process sent a {module}.{name}, not a plain tensor")
 
 
-def clip(text: str, limit: int = LOG_LIMIT) -> str:
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+class RunnerProcess:
+    """The candidate's process, seen from the judge: requests with time limits, and what its death means."""
+
+    def __init__(self, cfg: dict, log_path: str, env: dict):
+        from multiprocessing.connection import Connection
+
+        ours, theirs = socket.socketpair()
+        self.log_path = log_path
+        cmd = [sys.executable, os.path.join(HERE, "_candidate_runner.py"), "--fd", str(theirs.fileno()),
+               "--config", json.dumps(cfg)]
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=log, cwd=cfg["candidate"], env=env)
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.phase = "start-up"
+
+    def answered(self) -> bool:
+        """Whether the runner has said something we have not read yet (its "ready", or its failure)."""
+        try:
+            return self.conn.poll(0)
+        except OSError:
+            return True
+
+    def request(self, msg: tuple | None, timeout_s: float, phase: str) -> tuple:
+        self.phase = phase
+        try:
+            if msg is not None:
+                self.conn.send(msg)
+            if not self.conn.poll(timeout_s):
+                self.kill()
+                raise Failure("timeout", f"the candidate did not finish {phase} within {timeout_s:g} s")
+            reply = _TensorsOnly(io.BytesIO(self.conn.recv_bytes())).load()
+        except (EOFError, OSError):
+            raise self.died() from None
+        except pickle.UnpicklingError as e:
+            self.kill()
+            raise Failure("suspicious", f"{phase}: {e}") from None
+        if reply[0] == "error":
+            raise Failure(reply[1], f"{phase}:\n{reply[2]}" if phase else reply[2])
+        return reply
+
+    def send(self, msg: tuple) -> None:
+        try:
+            self.conn.send(msg)
+        except OSError:
+            raise self.died() from None
+
+    def died(self) -> Failure:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.returncode
+        if code is not None and code < 0:
+            sig = signal.Signals(-code)
+            how = f"was killed by {sig.name} ({signal.strsignal(sig)})"
+        else:
+            how = f"exited with code {code}"
+        return Failure("runtime_error", f"the candidate's process {how} during {self.phase}\n{self.log_tail()}")
+
+    def log_tail(self, limit: int = 1500) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return ""
+        lines = [line for line in text.splitlines()
+                 if not line.startswith((rl.PROGRESS, "Extension modules:")) and "_candidate_runner" not in line]
+        return "\n".join(lines)[-limit:]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, Failure):
+            self.conn.send(("exit",))
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
-def describe(exc: BaseException, root: str) -> str:
-    """The exception message plus the last frames of the candidate's own code, not the whole traceback."""
-    frames, chain = [], exc
-    while chain is not None:  # Triton's interpreter re-raises kernel errors `from` the original one
-        frames += [f for f in traceback.extract_tb(chain.__traceback__) if f.filename.startswith(root)]
-        chain = chain.__cause__ or chain.__context__
-    text = "".join(f'  File "{f.filename}", line {f.lineno}, in {f.name}\n    {f.line}\n' for f in frames[-2:])
-    text += "".join(traceback.format_exception_only(type(exc), exc))
-    return clip(text.replace(root + os.sep, ""))
+@contextlib.contextmanager
+def timing_lock(lock_dir: str):
+    """One timed candidate per device at a time, across every evaluation on this host."""
+    import fcntl
 
-
-def load_module(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # Triton's JIT and dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-def derive_seed(base: int, workload: str, index: int) -> int:
-    digest = hashlib.sha256(f"{base}:{workload}:{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-# --- tensors and nested inputs (tuples, lists and dicts of tensors and plain values) ---------------------------
-
-
-def clone(value):
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(clone(v) for v in value)
-    if isinstance(value, dict):
-        return {k: clone(v) for k, v in value.items()}
-    return copy.deepcopy(value)
-
-
-def same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        equal = a == b
-        if a.is_floating_point() or a.is_complex():
-            equal |= a.isnan() & b.isnan()
-        return bool(equal.all())
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return a == b
-
-
-def as_tensors(value) -> list | None:
-    """A tensor or a tuple/list of tensors as a list; None for anything else."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in value):
-        return list(value)
-    return None
-
-
-def to_host_bytes(t) -> tuple:
-    """Raw bytes plus dtype and shape: not a tensor, so not reachable as one from candidate code."""
-    host = t.detach().to("cpu").contiguous()
-    return host.reshape(-1).view(torch.uint8).numpy().tobytes(), host.dtype, tuple(host.shape)
-
-
-def from_host_bytes(packed: tuple):
-    data, dtype, shape = packed
-    if not data:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
-
-
-def scrub(value) -> None:
-    """Overwrite the reference's device outputs before they are freed, so a candidate's torch.empty cannot
-    hand back the expected answer from the allocator's cache."""
-    for t in as_tensors(value) or []:
-        t.detach().fill_(float("nan") if t.is_floating_point() else 0)
-
-
-def sync() -> None:
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
+    name = torch.cuda.get_device_properties(0).uuid if DEVICE == "cuda" else "cpu"
+    os.makedirs(lock_dir, exist_ok=True)
+    with open(os.path.join(lock_dir, f"ksearch-timing-{name}.lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # --- correctness ------------------------------------------------------------------------------------------------
@@ -189,100 +212,91 @@ def index_of(flat_index: int, shape: tuple) -> list[int]:
     return idx[::-1]
 
 
-def compare(out, expected: list[tuple], tol: dict) -> tuple[str | None, str, float]:
-    """Check one output against the expected host tensors: (failure status or None, message, max abs error)."""
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.device != b.device:
+            b = b.to(a.device)
+        if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            a, b = a.view(torch.uint8), b.view(torch.uint8)  # compare the bits; fp8 has few ops
+        equal = a == b
+        if a.is_floating_point() or a.is_complex():
+            equal |= a.isnan() & b.isnan()
+        return bool(equal.all())
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def compare(out, expected: list, tol: dict) -> tuple[str | None, str, float]:
+    """Check one output against the expected tensors: (failure status or None, message, max abs error)."""
+    if isinstance(out, str):  # the runner sends the type name of anything that is not a tensor or tensors
+        return "incorrect_shape", f"returned {out}, expected a torch.Tensor", math.inf
     got = as_tensors(out)
     if got is None:
         return "incorrect_shape", f"returned {type(out).__name__}, expected a torch.Tensor", math.inf
     if len(got) != len(expected):
         return "incorrect_shape", f"returned {len(got)} tensors, expected {len(expected)}", math.inf
     worst = 0.0
-    for k, (o, packed) in enumerate(zip(got, expected)):
-        r = from_host_bytes(packed)
+    for k, (o, r) in enumerate(zip(got, expected)):
         name = "output" if len(got) == 1 else f"output[{k}]"
         if tuple(o.shape) != tuple(r.shape):
             return "incorrect_shape", f"{name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}", math.inf
         if o.dtype != r.dtype:
             return "incorrect_dtype", f"{name} has dtype {o.dtype}, expected {r.dtype}", math.inf
-        if o.numel() == 0:
-            continue
-        o = o.detach().to("cpu", torch.float64)
-        r = r.to(torch.float64)
-        special = (o.isnan() != r.isnan()) | (o.isposinf() != r.isposinf()) | (o.isneginf() != r.isneginf())
-        if special.any():
-            i = index_of(int(special.flatten().nonzero()[0]), tuple(o.shape))
-            return (
-                "incorrect_numerical",
-                f"{name}: NaN/Inf pattern differs from the reference at {int(special.sum())} of {o.numel()} "
-                f"elements (first at {i}: got {o[tuple(i)].item():.6g}, expected {r[tuple(i)].item():.6g})",
-                math.inf,
-            )
-        finite = o.isfinite() & r.isfinite()
-        err = torch.where(finite, (o - r).abs(), torch.zeros_like(o))
-        bad = finite & (err > tol["atol"] + tol["rtol"] * r.abs())
-        max_err = float(err.max())
+        if o.device != r.device:
+            return "incorrect_dtype", f"{name} is on {o.device}, expected {r.device}", math.inf
+        failure, max_err = _compare_values(name, o.reshape(-1), r.reshape(-1), tuple(o.shape), tol)
+        if failure:
+            return "incorrect_numerical", failure, max_err
         worst = max(worst, max_err)
-        if 1.0 - bad.sum().item() / o.numel() < tol["matched_ratio"]:
-            i = index_of(int(err.flatten().argmax()), tuple(o.shape))
-            return (
-                "incorrect_numerical",
-                f"{name}: {int(bad.sum())} of {o.numel()} elements outside atol={tol['atol']:g}, "
-                f"rtol={tol['rtol']:g}; max abs error {max_err:.4g} at {i} "
-                f"(got {o[tuple(i)].item():.6g}, expected {r[tuple(i)].item():.6g})",
-                max_err,
-            )
     return None, "", worst
 
 
-# --- timing -----------------------------------------------------------------------------------------------------
+def _compare_values(name: str, o, r, shape: tuple, tol: dict) -> tuple[str | None, float]:
+    """Elementwise tolerance on the device, in float64, a chunk at a time."""
+    n = o.numel()
+    if n == 0:
+        return None, 0.0
+    bad = special = 0
+    first_special = None
+    max_err, max_at = 0.0, 0
+    diff2 = ref2 = 0.0
+    for lo in range(0, n, COMPARE_CHUNK):
+        oc = o[lo:lo + COMPARE_CHUNK].to(torch.float64)
+        rc = r[lo:lo + COMPARE_CHUNK].to(torch.float64)
+        sp = (oc.isnan() != rc.isnan()) | (oc.isposinf() != rc.isposinf()) | (oc.isneginf() != rc.isneginf())
+        count = int(sp.sum())
+        if count:
+            special += count
+            if first_special is None:
+                first_special = lo + int(sp.nonzero()[0])
+        finite = oc.isfinite() & rc.isfinite()
+        err = torch.where(finite, (oc - rc).abs(), torch.zeros_like(oc))
+        bad += int((finite & (err > tol["atol"] + tol["rtol"] * rc.abs())).sum())
+        chunk_max, at = err.max(dim=0)
+        if float(chunk_max) > max_err:
+            max_err, max_at = float(chunk_max), lo + int(at)
+        diff2 += float(err.square().sum())
+        ref2 += float(torch.where(finite, rc, torch.zeros_like(rc)).square().sum())
 
+    def show(i: int) -> str:
+        return f"{index_of(i, shape)} (got {o[i].item():.6g}, expected {r[i].item():.6g})"
 
-class Timed(NamedTuple):
-    times: list[float]  # microseconds per call, between events on the calling stream
-    tails: list[float]  # microseconds from each call's end event until the whole device was idle
-    out: object  # for a re-check: the last call's output,
-    args: tuple  # its inputs after the call,
-    which: int  # and the input set they were copied from
-
-
-def bench(fn, input_sets: list, budget_s: float, flush) -> Timed:
-    """Time fn on rotating fresh copies of the inputs, until the mean is precise or the budget is spent."""
-    fn(*clone(input_sets[0]))  # warm-up: compile, autotune and caches stay outside the timed region
-    sync()
-    if DEVICE == "cuda":
-        # An idle GPU lowers its clocks; keep it busy a moment so the first timed calls do not pay for the ramp.
-        busy_until = time.perf_counter() + 0.05
-        while time.perf_counter() < busy_until:
-            flush.zero_()
-            torch.cuda.synchronize()
-    times, tails, start_s = [], [], time.perf_counter()
-    while len(times) < MAX_RUNS:
-        which = len(times) % len(input_sets)
-        args = clone(input_sets[which])
-        if DEVICE == "cuda":
-            # Evict inputs and earlier results from L2. The flush also keeps the GPU busy while the call is being
-            # launched, so host-side launch overhead does not land in the window.
-            flush.zero_()
-            start, end, idle = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-            start.record()
-            out = fn(*args)
-            end.record()
-            torch.cuda.synchronize()  # waits for every stream: catches work the call left running elsewhere
-            idle.record()
-            idle.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-            tails.append(end.elapsed_time(idle) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            out = fn(*args)
-            times.append((time.perf_counter() - t0) * 1e6)
-            tails.append(0.0)
-        n = len(times)
-        if n >= MIN_RUNS:
-            rse = statistics.stdev(times) / math.sqrt(n) / statistics.fmean(times)
-            if rse < TARGET_RSE or time.perf_counter() - start_s > budget_s:
-                break
-    return Timed(times, tails, out, args, which)
+    if special:
+        return (f"{name}: NaN/Inf pattern differs from the reference at {special} of {n} elements "
+                f"(first at {show(first_special)})"), math.inf
+    if 1.0 - bad / n < tol["matched_ratio"]:
+        return (f"{name}: {bad} of {n} elements outside atol={tol['atol']:g}, rtol={tol['rtol']:g}; "
+                f"max abs error {max_err:.4g} at {show(max_at)}"), max_err
+    if ref2 > 0 and math.sqrt(diff2 / ref2) > TRIVIAL_REL_L2:
+        # Every element is within atol only because the reference's values are small against it (zeros pass).
+        return (f"{name}: within the elementwise tolerance, but its relative L2 error is "
+                f"{math.sqrt(diff2 / ref2):.3g}: the output does not follow the reference"), max_err
+    return None, max_err
 
 
 # --- the evaluation -----------------------------------------------------------------------------------------------
@@ -295,8 +309,12 @@ def read_task(task_dir: str, only: list[str] | None) -> dict:
     task.setdefault("reference", "reference.py")
     task.setdefault("solution_file", "kernel.py")
     task.setdefault("language", "triton")
+    task.setdefault("entry_kind", "function")
     task.setdefault("correctness_seeds", 3)
+    task.setdefault("baseline", None)
     task["tolerance"] = {"atol": 1e-5, "rtol": 1e-5, "matched_ratio": 1.0} | task.get("tolerance", {})
+    for w in task["workloads"]:
+        w.setdefault("timed", True)
     if only:
         unknown = sorted(set(only) - {w["name"] for w in task["workloads"]})
         if unknown:
@@ -305,22 +323,260 @@ def read_task(task_dir: str, only: list[str] | None) -> dict:
     return task
 
 
+def candidate_form(task: dict, root: str) -> str:
+    """python (Triton, PyTorch, CuPy: one Python file) or torch_extension (CUDA C++ sources and main.cpp)."""
+    if os.path.isfile(os.path.join(root, task["solution_file"])):
+        return "python"
+    if any(n.endswith((".cu", ".cpp")) for n in os.listdir(root)) and "cuda" in (
+            task.get("allowed_languages") or [task["language"]]):
+        return "torch_extension"
+    return "python"  # and the runner reports the missing solution file
+
+
 def environment() -> dict:
+    from importlib import metadata
+
+    def version(package: str) -> str | None:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return None
+
     env = {
         "device": DEVICE,
         "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else None,
+        "driver": _driver_version() if DEVICE == "cuda" else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "triton": version("triton"),
+        "cupy": version("cupy-cuda12x") or version("cupy-cuda13x") or version("cupy"),
         "python": platform.python_version(),
-        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+        "host": platform.node(),
+        "triton_interpret": DEVICE != "cuda",
     }
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
     return env
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+        return out[0] if out else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def runner_env(private_tmp: str) -> dict:
+    env = dict(os.environ)
+    env.pop(SEED_ENV, None)
+    env["TMPDIR"] = private_tmp
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+class Judge:
+    def __init__(self, args, task: dict, result: dict):
+        self.args, self.task, self.result = args, task, result
+        self.tol = task["tolerance"]
+        self.base_seed = int(os.environ.pop(SEED_ENV)) if args.seeds_from_env else secrets.randbits(62)
+        self.rng = random.Random(secrets.randbits(64))  # which timed calls get re-checked
+        self.timer = rl.Timer(DEVICE)
+        self.ref = load_module("ksearch_reference", os.path.join(args.task, task["reference"]))
+        self.baseline = None
+        if task["baseline"]:
+            base = load_module("ksearch_baseline", os.path.join(args.task, task["baseline"]))
+            self.baseline = getattr(base, task["entry_point"])
+        self.phases = {"reference": 0.0, "correctness": 0.0, "timing": 0.0, "waiting_for_compile": 0.0}
+
+    def inputs(self, w: dict, seed: int):
+        return self.ref.make_inputs(w["params"], seed, DEVICE)
+
+    def reference(self, inputs):
+        fn, args = rl.prepare(self.ref.reference, rl.clone(inputs), self.task["entry_kind"], DEVICE)
+        with torch.no_grad():
+            return as_tensors(fn(*args))
+
+    # -- timing on this side (reference, baseline) and on the runner's (candidate), the same way -------------------
+
+    def time_local(self, fn, w: dict, tag: str) -> dict:
+        times, tails = [], []
+        call = lambda k: rl.prepare(fn, self.inputs(w, derive_seed(self.base_seed, w["name"], tag, k)),  # noqa
+                                    self.task["entry_kind"], DEVICE)
+        f, a = call(-1)
+        with torch.no_grad():
+            f(*a)  # warm-up: compile, autotune and caches stay outside the timed region
+            self.timer.sync()
+            self.timer.warm_clocks()
+            started = time.perf_counter()
+            while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter()):
+                f, a = call(len(times))
+                _, us, tail, _ = self.timer.time(f, a)
+                times.append(us)
+                tails.append(tail)
+                del f, a
+        return {"times": times, "tail": statistics.median(tails)}
+
+    def time_candidate(self, runner: RunnerProcess, w: dict, ref_tail: float) -> tuple[list[float], list[str]]:
+        name, notes = w["name"], []
+        where = f"workload {name}, timed call"
+        runner.request(("warm", name, w["params"], derive_seed(self.base_seed, name, "warm"), False),
+                       self.args.call_timeout_s, f"{where} (warm-up)")
+        times, tails, started = [], [], time.perf_counter()
+        while True:
+            seed = derive_seed(self.base_seed, name, "time", len(times))
+            _, us, tail, host_us, flags = runner.request(("time", name, w["params"], seed, False),
+                                                         self.args.call_timeout_s, where)
+            self.check_flags(flags, where)
+            if us > host_us * 1.05 + 50:
+                raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) exceeds the host time around "
+                              f"the call ({host_us:.0f} us): the timer was tampered with")
+            times.append(us)
+            tails.append(tail)
+            last = rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter())
+            if len(times) == 1 or last or self.rng.random() < CHECK_PROBABILITY:
+                _, out, got_inputs, _, _, _ = runner.request(("send",), self.args.call_timeout_s, where)
+                pristine = self.inputs(w, seed)
+                self.check(out, got_inputs, pristine, self.reference(pristine),
+                           f"{where} {len(times)} (passed the correctness check)")
+                del out, got_inputs, pristine
+            else:
+                runner.send(("drop",))
+            if last:
+                break
+        # Work left running on another stream finishes after the call's end event. When the device stays busy
+        # clearly longer than after the reference's calls, that work counts as the call's.
+        extra_us = statistics.median(tails) - ref_tail
+        if extra_us > max(ESCAPE_SLACK_US, 0.2 * statistics.median(times)):
+            times = [t + tail - ref_tail for t, tail in zip(times, tails)]
+            notes.append(f"{name}: the device stayed busy {extra_us:.0f} us after the call ended on its stream "
+                         "(work on another stream?); timed until the whole device was idle")
+        return times, notes
+
+    # -- checks ----------------------------------------------------------------------------------------------------
+
+    def check(self, out, got_inputs, pristine, expected, where: str) -> float:
+        if not same(pristine, got_inputs):
+            raise Failure("suspicious", f"{where}: the candidate wrote into its input tensors")
+        status, message, max_err = compare(out, expected, self.tol)
+        if status:
+            raise Failure(status, f"{where}: {message}")
+        return max_err
+
+    def check_flags(self, flags: dict, where: str) -> None:
+        if flags.get("persisting_l2_bytes"):
+            raise Failure("suspicious", f"{where}: the candidate reserved {flags['persisting_l2_bytes']} bytes of "
+                          "persisting L2 cache, which survives the harness's cache flush")
+
+    # -- the whole evaluation -------------------------------------------------------------------------------------
+
+    def run(self, runner: RunnerProcess) -> None:
+        task, result, args = self.task, self.result, self.args
+        timed = [w for w in task["workloads"] if w["timed"]]
+        ref_timing, base_timing = {}, {}
+
+        def time_reference(w: dict) -> None:
+            try:
+                progress(f"reference timing {w['name']}")
+                ref_timing[w["name"]] = self.time_local(self.ref.reference, w, "reference")
+                if self.baseline is not None:
+                    progress(f"baseline timing {w['name']}")
+                    base_timing[w["name"]] = self.time_local(self.baseline, w, "baseline")
+            except Exception as e:
+                raise Failure("runtime_error", "the task's reference or baseline failed (a task bug, not the "
+                              "candidate's):\n" + describe(e, os.path.abspath(args.task))) from None
+
+        # 1. While the runner imports the candidate, time the reference (and baseline); stop as soon as it answers,
+        # so a candidate that fails to compile costs no more reference timing than its import took.
+        t0 = time.perf_counter()
+        with timing_lock(args.lock_dir):
+            for w in timed:
+                if runner.answered():
+                    break
+                time_reference(w)
+        self.phases["reference_timing"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        _, compile_s, runner_info = runner.request(None, args.compile_timeout_s, "compiling (importing) the candidate")
+        self.phases["waiting_for_compile"] = time.perf_counter() - t0
+        result["compile_s"] = compile_s
+        result["environment"].update(runner_info)
+
+        # 2. Correctness on every workload first, so a failing candidate costs no timing.
+        results = {}
+        first = True
+        for w in task["workloads"]:
+            name = w["name"]
+            results[name] = {"workload": name, "correct": False, "timed": w["timed"]}
+            result["workloads"] = list(results.values())
+            max_err = 0.0
+            for i in range(task["correctness_seeds"]):
+                where = f"workload {name}, input set {i + 1}/{task['correctness_seeds']}"
+                progress(f"correctness {where}")
+                seed = derive_seed(self.base_seed, name, i)
+                t0 = time.perf_counter()
+                pristine = self.inputs(w, seed)
+                expected = self.reference(pristine)
+                self.phases["reference"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                _, out, got_inputs, before, seconds, flags = runner.request(
+                    ("call", name, w["params"], seed, first),
+                    args.compile_timeout_s if first else args.call_timeout_s, where)
+                if first:
+                    result["compile_s"] += seconds  # the first call carries the JIT compile
+                    first = False
+                if before != rl.fingerprint(pristine):
+                    raise Failure("suspicious", f"{where}: the inputs in the candidate's process differed from the "
+                                  "judge's before the call (make_inputs patched, or not deterministic)")
+                self.check_flags(flags, where)
+                max_err = max(max_err, self.check(out, got_inputs, pristine, expected, where))
+                del out, got_inputs, pristine, expected
+                self.phases["correctness"] += time.perf_counter() - t0
+            results[name].update(correct=True, max_abs_error=max_err)
+            if flags.get("reference_calls"):
+                result.setdefault("flags", []).append("calls_reference")
+
+        # 3. Timing.
+        notes = []
+        t0 = time.perf_counter()
+        with timing_lock(args.lock_dir):
+            for w in timed:
+                name = w["name"]
+                if name not in ref_timing:
+                    t1 = time.perf_counter()
+                    time_reference(w)
+                    self.phases["reference_timing"] += time.perf_counter() - t1
+                progress(f"timing {name}")
+                times, more = self.time_candidate(runner, w, ref_timing[name]["tail"])
+                notes += more
+                mean = statistics.fmean(times)
+                ref_us = statistics.fmean(ref_timing[name]["times"])
+                results[name].update(latency_us=mean, median_us=statistics.median(times),
+                                     std_us=statistics.stdev(times), runs=len(times), reference_us=ref_us,
+                                     speedup=ref_us / mean)
+                if name in base_timing:
+                    base_us = statistics.fmean(base_timing[name]["times"])
+                    results[name].update(baseline_us=base_us, speedup_vs_baseline=base_us / mean)
+        self.phases["timing"] = time.perf_counter() - t0
+
+        rows = [results[w["name"]] for w in timed]
+        result["status"] = "passed"
+        result["score"] = geomean([r["speedup"] for r in rows])
+        result["latency_us"] = geomean([r["latency_us"] for r in rows])
+        if base_timing:
+            result["speedup_vs_baseline"] = geomean([r["speedup_vs_baseline"] for r in rows])
+            result["baseline_score"] = 100 * statistics.fmean(r["speedup_vs_baseline"] for r in rows)
+        if result["timing_representative"]:
+            notes += [f"{n}: speedup {r['speedup']:.1f}x is implausibly high, worth a second look"
+                      for n, r in results.items() if (r.get("speedup") or 0) > 10]
+        if "calls_reference" in result.get("flags", []):
+            notes.append("the candidate calls the task's reference implementation")
+        result["log_excerpt"] = "\n".join(notes)
+
+
+def geomean(values: list[float]) -> float:
+    if not values or any(v <= 0 for v in values):
+        return 0.0
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def evaluate(args, result: dict) -> None:
@@ -329,151 +585,50 @@ def evaluate(args, result: dict) -> None:
     if torch.cuda.is_available():
         DEVICE = "cuda"
     else:
-        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
         # CPU timings only order candidates, so make them steady: on a busy machine an OpenMP barrier waiting
         # for a descheduled worker thread adds a whole scheduler tick (~8 ms) to a 10 us torch call.
         torch.set_num_threads(1)
     result["environment"] = environment()
-    result["timing_representative"] = DEVICE == "cuda" and not result["environment"]["triton_interpret"]
-
+    result["timing_representative"] = DEVICE == "cuda"
     task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
-    if task["language"] == "cuda" and DEVICE != "cuda":
-        raise Failure("unavailable", "this task's candidates are CUDA code and this machine has no CUDA GPU")
-    if args.seeds_from_env:
-        base_seed = int(os.environ.pop(SEED_ENV))
-    else:
-        base_seed = secrets.randbits(62)
-    budget_s = args.time_budget_s
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=DEVICE) if DEVICE == "cuda" else None
-
-    def inputs_for(ref_module, workload) -> list:
-        # Regenerated in each phase rather than kept: the input sets of a big task (MoE weights) do not fit on the
-        # device for every workload at once.
-        return [
-            ref_module.make_inputs(workload["params"], derive_seed(base_seed, workload["name"], i), DEVICE)
-            for i in range(task["correctness_seeds"])
-        ]
-
-    # 1. Reference outputs and timings, before the candidate exists in this process.
-    try:
-        ref = load_module("ksearch_reference", os.path.join(args.task, task["reference"]))
-        expected, ref_us, ref_tail = {}, {}, {}
-        for w in task["workloads"]:
-            progress(f"reference {w['name']}")
-            input_sets = inputs_for(ref, w)
-            outs = [ref.reference(*clone(inputs)) for inputs in input_sets]
-            expected[w["name"]] = [[to_host_bytes(t) for t in as_tensors(o)] for o in outs]
-            for o in outs:
-                scrub(o)
-            timed = bench(ref.reference, input_sets, budget_s, flush)
-            scrub(timed.out)
-            ref_us[w["name"]] = statistics.fmean(timed.times)
-            ref_tail[w["name"]] = statistics.median(timed.tails)  # the plain cost of noticing the device is idle
-            del input_sets, outs, timed
-    except Exception as e:
-        raise Failure("runtime_error", "the task's reference failed (a task bug, not the candidate's):\n"
-                      + describe(e, os.path.abspath(args.task))) from None
-
-    # 2. Import the candidate.
     root = os.path.abspath(args.candidate)
-    sys.path[0] = root  # was the harness's own folder; candidates may import their own helper modules
+    form = candidate_form(task, root)
+    if DEVICE != "cuda" and (form == "torch_extension" or task["language"] in ("cuda", "cupy")):
+        raise Failure("unavailable", f"this task's candidates are {task['language']} code and this machine has no "
+                      "CUDA GPU")
+
+    private_tmp = os.environ.get("TMPDIR") or "/tmp"
+    cfg = {"candidate": root, "reference": os.path.join(os.path.abspath(args.task), task["reference"]),
+           "solution_file": task["solution_file"], "entry_point": task["entry_point"], "kind": task["entry_kind"],
+           "form": form, "device": DEVICE, "cache": args.cache_dir, "judge_pid": os.getpid(),
+           "isolate_network": not args.no_network_isolation, "authkey": _authkey()}
+    judge = Judge(args, task, result)  # pops the seed from the environment before the runner starts
     t0 = time.perf_counter()
-    path = os.path.join(root, task["solution_file"])
-    if not os.path.isfile(path):
-        raise Failure("compile_error", f"the candidate has no {task['solution_file']}")
-    progress("import candidate")
+    runner = RunnerProcess(cfg, os.path.join(private_tmp, "candidate.log"), runner_env(private_tmp))
+    judge.phases["spawn"] = time.perf_counter() - t0
     try:
-        module = load_module(os.path.splitext(os.path.basename(path))[0], path)
-    except BaseException as e:
-        raise Failure("compile_error", describe(e, root)) from None
-    fn = getattr(module, task["entry_point"], None)
-    if not callable(fn):
-        raise Failure("compile_error", f"{task['solution_file']} defines no function {task['entry_point']}")
-    result["compile_s"] = time.perf_counter() - t0
-
-    def call(inputs, where: str, first: bool = False):
-        try:
-            out = fn(*inputs)
-            sync()  # asynchronous CUDA errors surface here, and belong to this call
-            return out
-        except BaseException as e:
-            # Triton compiles on the first call; its compiler errors are compile errors, not crashes.
-            compiled = first and type(e).__module__.startswith("triton.compiler")
-            raise Failure("compile_error" if compiled else "runtime_error", f"{where}:\n{describe(e, root)}") from None
-
-    def check(out, inputs, pristine, expected_out, where: str) -> float:
-        if not same(inputs, pristine):
-            raise Failure("suspicious", f"{where}: the candidate wrote into its input tensors")
-        status, message, max_err = compare(out, expected_out, task["tolerance"])
-        if status:
-            raise Failure(status, f"{where}: {message}")
-        return max_err
-
-    # 3. Correctness on every workload first, so a failing candidate costs no timing.
-    results = {}
-    for w in task["workloads"]:
-        name = w["name"]
-        results[name] = {"workload": name, "correct": False}
-        result["workloads"] = list(results.values())
-        max_err = 0.0
-        for i, pristine in enumerate(inputs_for(ref, w)):
-            where = f"workload {name}, input set {i + 1}/{task['correctness_seeds']}"
-            progress(f"correctness {where}")
-            inputs = clone(pristine)
-            t0 = time.perf_counter()
-            out = call(inputs, where, first=i == 0)
-            if i == 0:
-                result["compile_s"] += time.perf_counter() - t0  # the first call carries the JIT compile
-            max_err = max(max_err, check(out, inputs, pristine, expected[name][i], where))
-            del out, inputs
-        results[name].update(correct=True, max_abs_error=max_err)
-
-    # 4. Timing, then a re-check of what the last timed call returned.
-    notes = []
-    for w in task["workloads"]:
-        name = w["name"]
-        where = f"workload {name}, timed call"
-        progress(f"timing {name}")
-        input_sets = inputs_for(ref, w)
-        try:
-            timed = bench(fn, input_sets, budget_s, flush)
-        except BaseException as e:
-            raise Failure("runtime_error", f"{where}:\n{describe(e, root)}") from None
-        # A kernel may behave while checked and misbehave while timed.
-        check(timed.out, timed.args, input_sets[timed.which], expected[name][timed.which],
-              f"{where} (passed the correctness check)")
-        times = timed.times
-        # Cross-check: work left running on another stream finishes after the call's end event. When the device
-        # stays busy clearly longer than after the reference's calls, that work counts as the call's.
-        extra_us = statistics.median(timed.tails) - ref_tail[name]
-        if extra_us > max(ESCAPE_SLACK_US, 0.2 * statistics.median(times)):
-            times = [t + tail - ref_tail[name] for t, tail in zip(times, timed.tails)]
-            notes.append(f"{name}: the device stayed busy {extra_us:.0f} us after the call ended on its stream "
-                         "(work on another stream?); timed until the whole device was idle")
-        mean = statistics.fmean(times)
-        results[name].update(
-            latency_us=mean,
-            median_us=statistics.median(times),
-            std_us=statistics.stdev(times),
-            runs=len(times),
-            reference_us=ref_us[name],
-            speedup=ref_us[name] / mean,
-        )
-
-    speedups = [r["speedup"] for r in results.values()]
-    result["status"] = "passed"
-    result["score"] = geomean(speedups)
-    result["latency_us"] = geomean([r["latency_us"] for r in results.values()])
-    if result["timing_representative"]:
-        notes += [f"{n}: speedup {r['speedup']:.1f}x is implausibly high, worth a second look"
-                  for n, r in results.items() if r["speedup"] > 10]
-    result["log_excerpt"] = "\n".join(notes)
+        judge.run(runner)
+    except Failure as f:
+        if f.status in ("runtime_error", "timeout") and DEVICE == "cuda":
+            result["environment"]["gpu_healthy_after"] = gpu_healthy()
+        raise
+    finally:
+        runner.stop()
+        result["phases"] = {k: round(v, 4) for k, v in judge.phases.items()}
 
 
-def geomean(values: list[float]) -> float:
-    if not values or any(v <= 0 for v in values):
-        return 0.0
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+def _authkey() -> str:
+    import multiprocessing
+
+    return bytes(multiprocessing.current_process().authkey).hex()
+
+
+def gpu_healthy() -> bool:
+    try:
+        x = torch.ones(1 << 20, device="cuda")
+        return float(x.sum()) == float(1 << 20)
+    except Exception:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -485,8 +640,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds-from-env", action="store_true", help=f"take the base input seed from ${SEED_ENV}")
     parser.add_argument("--time-budget-s", type=float, default=1.0,
                         help="timing budget per workload, for the candidate and the reference each")
+    parser.add_argument("--compile-timeout-s", type=float, default=300,
+                        help="limit for importing/building the candidate, and for its first call (JIT compile)")
+    parser.add_argument("--call-timeout-s", type=float, default=60, help="limit for any other single call")
+    parser.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "ksearch_graph"),
+                        help="compile caches shared by evaluations, keyed by source hash")
+    parser.add_argument("--lock-dir", default="/tmp", help="where the per-device timing lock lives")
+    parser.add_argument("--no-network-isolation", action="store_true",
+                        help="do not put the candidate in its own network namespace")
     args = parser.parse_args(argv)
-    faulthandler.enable()  # a segfault still prints where it happened, for the parent's log excerpt
+    faulthandler.enable()
 
     start = time.perf_counter()
     result = {"status": "runtime_error", "workloads": [], "score": 0.0, "latency_us": None, "compile_s": 0.0,
@@ -495,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         evaluate(args, result)
     except Failure as f:
         result["status"], result["log_excerpt"] = f.status, clip(f.message)
-    except BaseException as e:  # a harness or task problem, or a candidate escaping the guarded calls
+    except BaseException as e:  # a harness or task problem
         result["log_excerpt"] = clip("evaluation failed: " + "".join(traceback.format_exception(e)))
     if result["status"] != "passed":
         result["score"] = 0.0
@@ -510,8 +673,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    # Skip interpreter teardown (torch and Triton take ~0.5 s to unload, and candidate destructors or atexit
-    # hooks could still crash after the result is written).
+    # Skip interpreter teardown (torch and Triton take ~0.5 s to unload).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

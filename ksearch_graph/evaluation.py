@@ -70,6 +70,8 @@ class EvalResult(BaseModel):
     wall_s: float = 0.0
     # Where the wall time went, in seconds: spawn, imports, inputs, reference, compile, correctness, timing.
     phases: dict[str, float] = {}
+    # Things worth a second look that do not fail the candidate, e.g. "calls_reference".
+    flags: list[str] = []
     # What the LLM is shown: the error itself, not pages of traceback.
     log_excerpt: str = ""
     # False on CPU (Triton interpreter): the numbers order candidates but mean nothing for a GPU.
@@ -165,6 +167,10 @@ class SubprocessEvaluator:
         workloads: Literal["feedback", "all"] = "feedback",
         time_budget_s: float = 1.0,
         memory_limit_gb: float = 16.0,
+        compile_timeout_s: float | None = None,
+        call_timeout_s: float | None = None,
+        cache_dir: str | None = None,
+        isolate_network: bool = True,
     ):
         if workloads not in ("feedback", "all"):
             raise ValueError(f"workloads must be 'feedback' or 'all', not {workloads!r}")
@@ -176,6 +182,14 @@ class SubprocessEvaluator:
         self.workloads = workloads
         self.time_budget_s = time_budget_s  # timing budget per workload, for candidate and reference each
         self.memory_limit_gb = memory_limit_gb  # address-space limit; only applied where no GPU driver is present
+        # Separate limits for the candidate's compile (import, extension build, first call) and for any other call;
+        # timeout_s stays the wall-clock limit of the whole evaluation.
+        self.compile_timeout_s = compile_timeout_s or timeout_s
+        self.call_timeout_s = call_timeout_s or min(60.0, timeout_s)
+        # Compiled kernels (Triton, CuPy/NVRTC, torch extensions) are cached by source hash across evaluations.
+        self.cache_dir = cache_dir or os.environ.get("KSEARCH_CACHE_DIR") or str(
+            Path.home() / ".cache" / "ksearch_graph")
+        self.isolate_network = isolate_network
 
     def evaluate(self, task: Task, files: dict[str, str], *, attempt_id: str) -> EvalResult:
         start = time.monotonic()
@@ -196,7 +210,11 @@ class SubprocessEvaluator:
         except ValueError as e:
             return EvalResult(status=Status.compile_error, log_excerpt=str(e))
         cmd = [self.python, str(_CHILD), "--task", task.root, "--candidate", str(candidate), "--out", str(out),
-               "--seeds-from-env", "--time-budget-s", str(self.time_budget_s)]
+               "--seeds-from-env", "--time-budget-s", str(self.time_budget_s),
+               "--compile-timeout-s", str(self.compile_timeout_s), "--call-timeout-s", str(self.call_timeout_s),
+               "--cache-dir", self.cache_dir, "--lock-dir", str(Path(tempfile.gettempdir()))]
+        if not self.isolate_network:
+            cmd.append("--no-network-isolation")
         if self.workloads == "feedback":
             cmd += ["--workloads", ",".join(w.name for w in task.feedback_workloads())]
         stderr_path = root / "stderr.txt"
@@ -206,6 +224,7 @@ class SubprocessEvaluator:
                                         stdout=stdout, stderr=stderr, start_new_session=True)
             except OSError as e:
                 return EvalResult(status=Status.unavailable, log_excerpt=f"cannot start {self.python}: {e}")
+            started = time.monotonic()
             self._limit(proc.pid)
             try:
                 finished = _wait_unreaped(proc.pid, self.timeout_s)
@@ -220,7 +239,10 @@ class SubprocessEvaluator:
             )
         if out.is_file():
             try:
-                return EvalResult.model_validate_json(out.read_text())
+                result = EvalResult.model_validate_json(out.read_text())
+                # Python start-up and imports: what the child's own clock did not see.
+                result.phases["startup"] = round(max(0.0, time.monotonic() - started - result.wall_s), 4)
+                return result
             except ValueError as e:
                 return EvalResult(status=Status.runtime_error, log_excerpt=f"unreadable result file: {e}")
         if proc.returncode < 0:
@@ -236,10 +258,14 @@ class SubprocessEvaluator:
 
     def _child_env(self, root: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in _SECRET_WORDS)}
-        for var, sub in (("TMPDIR", "tmp"), ("TRITON_CACHE_DIR", "triton-cache"),
-                         ("TORCH_EXTENSIONS_DIR", "torch-extensions"), ("TORCHINDUCTOR_CACHE_DIR", "inductor-cache")):
+        for var, sub in (("TMPDIR", "tmp"), ("TORCHINDUCTOR_CACHE_DIR", "inductor-cache")):
             (root / sub).mkdir()
             env[var] = str(root / sub)
+        # Compile caches are shared and keyed by source hash (Triton and CuPy hash the source themselves).
+        for var, sub in (("TRITON_CACHE_DIR", "triton"), ("CUPY_CACHE_DIR", "cupy"),
+                         ("TORCH_EXTENSIONS_DIR", "torch-extensions")):
+            env[var] = os.path.join(self.cache_dir, sub)
+            os.makedirs(env[var], exist_ok=True)
         env["KSEARCH_EVAL_SEED"] = str(secrets.randbits(62))  # fresh input sets for every evaluation
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["KSEARCH_PARENT_PID"] = str(os.getpid())  # the child dies with us (a killed search leaves no orphan)

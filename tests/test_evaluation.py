@@ -44,7 +44,7 @@ def results(task, hang_pidfile) -> dict[str, Future]:
     quick = SubprocessEvaluator(timeout_s=90, time_budget_s=0.2)
     hang = SubprocessEvaluator(timeout_s=HANG_TIMEOUT_S, time_budget_s=0.2)
     hang_body = f"""\
-open({str(hang_pidfile)!r}, "w").write(str(os.getpid()))
+open({str(hang_pidfile)!r}, "w").write(str(os.getpgrp()))
 subprocess.Popen(["sleep", "300"])  # a grandchild in the same process group must die with it
 while True:
     pass"""
@@ -124,7 +124,7 @@ def test_hang_times_out_and_its_process_group_is_killed(results, hang_pidfile):
     assert r.status == Status.timeout
     assert HANG_TIMEOUT_S <= r.wall_s < HANG_TIMEOUT_S + 5
     assert "correctness" in r.log_excerpt  # says where it hung
-    pgid = int(hang_pidfile.read_text())  # the child is its own group leader
+    pgid = int(hang_pidfile.read_text())  # the evaluation's process group: judge, candidate process, grandchild
     deadline = time.monotonic() + 2
     while _live_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)

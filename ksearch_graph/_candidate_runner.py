@@ -1,0 +1,481 @@
+"""The candidate's process: the only place where candidate code runs. Started and driven by ``_evaluate_child.py``
+(the judge) over a socket; also the home of what both processes share (the timed call, tensor helpers).
+
+    python _candidate_runner.py --fd FD --task TASK_DIR --candidate DIR --config JSON
+
+Why a second process: the judge generates inputs from hidden seeds, computes the reference and compares, in a process
+the candidate cannot reach. Nothing the candidate does here (patching torch, walking the garbage collector, reading
+freed device memory, reading the environment) can see an expected output or a seed it has not been sent. A crash or a
+CUDA error poisons only this process; the judge reports it and checks that the GPU still works.
+
+What runs here, per message from the judge (see ``serve``): generate the inputs of one seed with the task's own
+``make_inputs``, call the candidate on them (a correctness call, a warm-up, or a timed call) and send the output and
+the inputs back through CUDA IPC / shared memory, so the judge compares on the device without copies. Before torch is
+imported the process leaves the network namespace (where Linux allows an unprivileged user namespace); torch is
+imported lazily for that reason (``unshare`` refuses a process with threads).
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+import time
+import traceback
+
+torch = None  # imported by load_torch(), after the network namespace is gone
+
+MIN_RUNS, MAX_RUNS = 3, 100
+TARGET_RSE = 0.01  # stop timing once the relative standard error of the mean is below 1%
+FLUSH_BYTES = 256 << 20  # at least 2x the L2 of any current GPU (H200: 50 MB)
+LOG_LIMIT = 2000
+PROGRESS = "[ksearch-eval] "
+
+
+def load_torch():
+    global torch
+    if torch is None:
+        import torch as _torch
+        import torch.multiprocessing  # noqa: F401  (registers the IPC reductions on ForkingPickler)
+
+        torch = _torch
+    return torch
+
+
+class Failure(Exception):
+    """Ends the evaluation with ``status``; ``message`` becomes the log excerpt the LLM sees."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def progress(msg: str) -> None:
+    # The parent shows the last of these lines when it has to kill us, so a hang says where it hung.
+    print(PROGRESS + msg, file=sys.stderr, flush=True)
+
+
+def clip(text: str, limit: int = LOG_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def describe(exc: BaseException, root: str) -> str:
+    """The exception message plus the last frames of the candidate's own code, not the whole traceback."""
+    frames, chain, seen = [], exc, set()
+    while chain is not None and id(chain) not in seen:  # Triton's interpreter re-raises `from` the original error
+        seen.add(id(chain))
+        frames += [f for f in traceback.extract_tb(chain.__traceback__) if f.filename.startswith(root)]
+        chain = chain.__cause__ or chain.__context__
+    text = "".join(f'  File "{f.filename}", line {f.lineno}, in {f.name}\n    {f.line}\n' for f in frames[-2:])
+    text += "".join(traceback.format_exception_only(type(exc), exc))
+    return clip(text.replace(root + os.sep, ""))
+
+
+def load_module(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # Triton's JIT and dataclasses look the module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def derive_seed(base: int, *parts) -> int:
+    digest = hashlib.sha256(":".join(str(p) for p in (base, *parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+# --- tensors and nested values (tuples, lists and dicts of tensors and plain values) ----------------------------
+
+
+def clone(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(clone(v) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, clone(v)) for k, v in value.items())
+    return copy.deepcopy(value)
+
+
+def as_tensors(value) -> list | None:
+    """A tensor or a tuple/list of tensors as a list; None for anything else."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in value):
+        return list(value)
+    return None
+
+
+def plain(value):
+    """Tensors as plain detached torch.Tensor (a subclass would not pass the judge's unpickler), recursively."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        return t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value] if isinstance(value, list) else tuple(plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def fingerprint(value) -> list:
+    """A cheap content summary computed on the device: equal inputs give equal fingerprints in both processes."""
+    out = []
+    for t in _leaves(value):
+        if isinstance(t, torch.Tensor):
+            d = t.detach().to(torch.float64) if t.numel() else t.detach().new_zeros(1, dtype=torch.float64)
+            d = torch.nan_to_num(d, nan=7.0, posinf=11.0, neginf=-13.0)
+            out.append((tuple(t.shape), str(t.dtype), float(d.sum()), float(d.abs().sum())))
+        else:
+            out.append(repr(t))
+    return out
+
+
+def _leaves(value):
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, dict):
+        for k in value:
+            yield from _leaves(value[k])
+    else:
+        yield value
+
+
+def prepare(entry, inputs: tuple, kind: str, device: str):
+    """(callable, arguments) for one call. ``module`` kind: inputs are (init_args, state_dict, *forward_inputs)."""
+    if kind == "function":
+        return entry, inputs
+    init_args, state, *forward = inputs
+    model = entry(*init_args).to(device)
+    model.load_state_dict(state, strict=True)
+    return model, tuple(forward)
+
+
+# --- timing -------------------------------------------------------------------------------------------------------
+
+
+class CudaRuntime:
+    """The few CUDA runtime calls torch does not expose, through the libcudart torch already loaded."""
+
+    LIMIT_PERSISTING_L2 = 0x06  # cudaLimitPersistingL2CacheSize
+
+    def __init__(self):
+        self.lib = None
+        try:
+            with open("/proc/self/maps") as f:
+                paths = {line.split()[-1] for line in f if "libcudart.so" in line}
+            for path in sorted(paths) or ["libcudart.so"]:
+                self.lib = ctypes.CDLL(path)
+                break
+        except OSError:
+            self.lib = None
+
+    def persisting_l2_bytes(self) -> int | None:
+        if self.lib is None:
+            return None
+        value = ctypes.c_size_t(0)
+        if self.lib.cudaDeviceGetLimit(ctypes.byref(value), self.LIMIT_PERSISTING_L2) != 0:
+            return None
+        return value.value
+
+    def reset_persisting_l2(self) -> None:
+        """Evict persisting lines (a flush cannot: it is what they survive) and take the carve-out back."""
+        if self.lib is not None:
+            self.lib.cudaCtxResetPersistingL2Cache()
+            self.lib.cudaDeviceSetLimit(self.LIMIT_PERSISTING_L2, ctypes.c_size_t(0))
+
+
+class Timer:
+    """One timed call, done the same way for the reference (in the judge) and the candidate (here).
+
+    On CUDA: L2 flushed by writing 256 MB, events around the call on the current stream, then a device-wide
+    synchronize and a third event: the gap between the call's end event and the device going idle is work the call
+    left running elsewhere (a side stream, a thread). The functions used are bound here, before any candidate code is
+    imported, so a candidate that patches ``torch.cuda.Event.elapsed_time`` or ``synchronize`` patches copies we do
+    not call.
+    """
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+        self.perf = time.perf_counter
+        self.zero_ = torch.Tensor.zero_
+        if self.cuda:
+            self.Event = torch.cuda.Event
+            self.record = torch.cuda.Event.record
+            self.elapsed = torch.cuda.Event.elapsed_time
+            self.event_sync = torch.cuda.Event.synchronize
+            self.sync = torch.cuda.synchronize
+            self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+            self.runtime = CudaRuntime()
+        else:
+            self.sync = lambda: None
+            self.flush = None
+            self.runtime = None
+
+    def warm_clocks(self, seconds: float = 0.05) -> None:
+        """An idle GPU lowers its clocks; keep it busy a moment so the first timed calls do not pay for the ramp."""
+        if self.cuda:
+            until = self.perf() + seconds
+            while self.perf() < until:
+                self.zero_(self.flush)
+                self.sync()
+
+    def time(self, fn, args) -> tuple:
+        """(output, device us, tail us, host us) of one call."""
+        if not self.cuda:
+            t0 = self.perf()
+            out = fn(*args)
+            us = (self.perf() - t0) * 1e6
+            return out, us, 0.0, us
+        if self.runtime is not None:
+            self.runtime.reset_persisting_l2()
+        start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
+        # The flush also keeps the GPU busy while the call is launched, so launch overhead shorter than it is hidden.
+        self.zero_(self.flush)
+        h0 = self.perf()
+        self.record(start)
+        out = fn(*args)
+        self.record(end)
+        self.sync()  # waits for every stream of the device
+        h1 = self.perf()
+        self.record(idle)
+        self.event_sync(idle)
+        return out, self.elapsed(start, end) * 1e3, self.elapsed(end, idle) * 1e3, (h1 - h0) * 1e6
+
+
+def precise_enough(times: list[float], started_s: float, budget_s: float, now_s: float) -> bool:
+    """The adaptive stopping rule shared by reference and candidate timing."""
+    n = len(times)
+    if n >= MAX_RUNS:
+        return True
+    if n < MIN_RUNS:
+        return False
+    mean = sum(times) / n
+    std = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1))
+    return std / math.sqrt(n) / mean < TARGET_RSE or now_s - started_s > budget_s
+
+
+# --- the runner -----------------------------------------------------------------------------------------------------
+
+
+def isolate_network() -> str:
+    """Enter new user + network namespaces: only a loopback interface, which is down. Needs a single thread."""
+    if not sys.platform.startswith("linux"):
+        return "no (not Linux)"
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(0x10000000 | 0x40000000) != 0:  # CLONE_NEWUSER | CLONE_NEWNET
+        return f"no (unshare: {os.strerror(ctypes.get_errno())})"
+    try:  # keep our own uid/gid inside, so files keep their owners
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    except OSError:
+        pass
+    return "yes"
+
+
+def _die_with_parent(parent: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def build_torch_extension(root: str, cache: str, entry_point: str):
+    """Build the candidate's CUDA C++ (kernel.cu, main.cpp, ...) as a torch extension, cached by source hash."""
+    from torch.utils import cpp_extension
+
+    names = sorted(n for n in os.listdir(root) if n.endswith((".cu", ".cpp", ".cc", ".h", ".cuh", ".hpp")))
+    sources = [os.path.join(root, n) for n in names if n.endswith((".cu", ".cpp", ".cc"))]
+    if not sources:
+        raise Failure("compile_error", "a CUDA candidate needs kernel.cu and main.cpp (found no .cu/.cpp file)")
+    digest = hashlib.sha256()
+    for n in names:
+        with open(os.path.join(root, n), "rb") as f:
+            digest.update(n.encode() + b"\0" + f.read() + b"\0")
+    name = "ksearch_ext_" + digest.hexdigest()[:16]
+    build = os.path.join(cache, "torch-extensions", name)
+    os.makedirs(build, exist_ok=True)
+    try:
+        module = cpp_extension.load(name=name, sources=sources, extra_include_paths=[root], build_directory=build,
+                                    extra_cuda_cflags=["-O3", "--use_fast_math"], verbose=False)
+    except Exception as e:  # the compiler's own output is in the message; keep its errors, not its command lines
+        lines = [line for line in str(e).splitlines() if "error" in line.lower() or "undefined" in line.lower()]
+        raise Failure("compile_error", clip("\n".join(lines[-20:]) or str(e))) from None
+    fn = getattr(module, entry_point, None)
+    if fn is None:
+        raise Failure("compile_error", f"the extension built, but main.cpp binds no function {entry_point}")
+    return fn
+
+
+def load_candidate(cfg: dict):
+    """Import (or build) the candidate; what this costs is its compile time."""
+    root = cfg["candidate"]
+    if cfg["form"] == "torch_extension":
+        return build_torch_extension(root, cfg["cache"], cfg["entry_point"])
+    path = os.path.join(root, cfg["solution_file"])
+    if not os.path.isfile(path):
+        raise Failure("compile_error", f"the candidate has no {cfg['solution_file']}")
+    try:
+        module = load_module(os.path.splitext(os.path.basename(path))[0], path)
+    except BaseException as e:
+        raise Failure("compile_error", describe(e, root)) from None
+    fn = getattr(module, cfg["entry_point"], None)
+    if not callable(fn):
+        raise Failure("compile_error", f"{cfg['solution_file']} defines no {cfg['entry_point']}")
+    return fn
+
+
+def is_compiler_error(exc: BaseException) -> bool:
+    """Triton and CuPy compile on the first call; their compiler errors are compile errors, not crashes."""
+    return any(type(e).__module__.startswith(("triton.compiler", "cupy.cuda.compiler")) for e in _chain(exc))
+
+
+def _chain(exc):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+class Runner:
+    def __init__(self, conn, cfg: dict, reference_module, entry, timer: Timer):
+        self.conn, self.cfg, self.timer = conn, cfg, timer
+        self.device, self.root = cfg["device"], cfg["candidate"]
+        self.make_inputs = reference_module.make_inputs
+        self.entry = entry
+        self.held = None  # the last timed call's output and inputs, until the judge asks for them or drops them
+        self.reference_calls = 0
+        original = reference_module.reference
+
+        def counted(*a, **k):  # calling the task's reference is allowed, but the result says so
+            self.reference_calls += 1
+            return original(*a, **k)
+
+        reference_module.reference = counted
+
+    def flags(self) -> dict:
+        flags = {"reference_calls": self.reference_calls}
+        if self.timer.runtime is not None:
+            flags["persisting_l2_bytes"] = self.timer.runtime.persisting_l2_bytes()
+        return flags
+
+    def serve(self) -> None:
+        while True:
+            msg = self.conn.recv()
+            op = msg[0]
+            if op == "exit":
+                return
+            if op == "drop":
+                self.held = None
+            elif op == "send":
+                out, inputs = self.held
+                self.held = None
+                self.conn.send(("out", out, inputs, None, 0.0, self.flags()))
+            else:
+                self.call(op, *msg[1:])
+
+    def call(self, op: str, workload: str, params: dict, seed: int, first: bool) -> None:
+        self.held = None
+        try:
+            inputs = self.make_inputs(params, seed, self.device)
+            before = fingerprint(inputs)
+            fn, args = prepare(self.entry, inputs, self.cfg["kind"], self.device)
+        except BaseException as e:
+            self.conn.send(("error", "runtime_error", f"workload {workload}: generating its inputs failed:\n"
+                            + describe(e, self.root)))
+            raise SystemExit(1) from None
+        progress(f"{op} {workload}")
+        try:
+            if op == "time":
+                out, us, tail, host = self.timer.time(fn, args)
+                self.held = (self._snapshot(out), inputs)
+                self.conn.send(("timed", us, tail, host, self.flags()))
+                return
+            t0 = self.timer.perf()
+            out = fn(*args)
+            self.timer.sync()  # asynchronous CUDA errors surface here, and belong to this call
+            seconds = self.timer.perf() - t0
+            if op == "warm":
+                self.timer.warm_clocks()
+                self.conn.send(("warmed", seconds))
+                return
+            self.conn.send(("out", self._snapshot(out), inputs, before, seconds, self.flags()))
+        except BaseException as e:
+            status = "compile_error" if first and is_compiler_error(e) else "runtime_error"
+            self.conn.send(("error", status, describe(e, self.root)))
+            raise SystemExit(1) from None  # after a CUDA error this process is unusable; the judge is done anyway
+
+    def _snapshot(self, out):
+        """A copy taken right after the device went idle: work that writes the output later does not count."""
+        got = as_tensors(out)
+        if got is None:
+            return type(out).__name__
+        copies = [plain(t).clone() for t in got]
+        self.timer.sync()
+        return tuple(copies) if isinstance(out, (list, tuple)) else copies[0]
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--config", required=True)
+    args = p.parse_args()
+    cfg = json.loads(args.config)
+    _die_with_parent(cfg["judge_pid"])
+    network = isolate_network() if cfg["isolate_network"] else "no (disabled)"
+    from multiprocessing.connection import Connection
+
+    conn = Connection(args.fd)
+    # Shared-memory tensors travel as file descriptors through multiprocessing's resource sharer, which
+    # authenticates with the process authkey: use the judge's.
+    import multiprocessing
+
+    multiprocessing.current_process().authkey = bytes.fromhex(cfg["authkey"])
+    try:
+        if cfg["device"] == "cpu":
+            os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+        load_torch()
+        if cfg["device"] == "cpu":
+            torch.set_num_threads(1)  # CPU timings only order candidates; keep them steady
+        timer = Timer(cfg["device"])
+        reference_module = load_module("ksearch_task_inputs", cfg["reference"])
+        sys.path[0] = cfg["candidate"]  # was the harness's folder; candidates may import their own helper modules
+        progress("import candidate")
+        t0 = time.perf_counter()
+        entry = load_candidate(cfg)
+        compile_s = time.perf_counter() - t0
+    except Failure as f:
+        conn.send(("error", f.status, f.message))
+        return
+    except BaseException as e:
+        conn.send(("error", "runtime_error", "the candidate's process failed to start:\n" + describe(e, cfg["candidate"])))
+        return
+    conn.send(("ready", compile_s, {"network_isolated": network}))
+    Runner(conn, cfg, reference_module, entry, timer).serve()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        # Skip interpreter teardown: candidate destructors or atexit hooks could still crash or hang.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
