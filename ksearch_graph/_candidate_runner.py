@@ -169,6 +169,7 @@ class CudaRuntime:
 
     def __init__(self):
         self.lib = None
+        self.default_persisting_l2 = 0
         try:
             with open("/proc/self/maps") as f:
                 paths = {line.split()[-1] for line in f if "libcudart.so" in line}
@@ -177,6 +178,8 @@ class CudaRuntime:
                 break
         except OSError:
             self.lib = None
+        # The device's own setting (nonzero on an H200 here), read before any candidate code runs.
+        self.default_persisting_l2 = self.persisting_l2_bytes() or 0
 
     def persisting_l2_bytes(self) -> int | None:
         if self.lib is None:
@@ -187,10 +190,10 @@ class CudaRuntime:
         return value.value
 
     def reset_persisting_l2(self) -> None:
-        """Evict persisting lines (a flush cannot: it is what they survive) and take the carve-out back."""
+        """Evict persisting lines (a flush cannot: it is what they survive) and restore the device's carve-out."""
         if self.lib is not None:
             self.lib.cudaCtxResetPersistingL2Cache()
-            self.lib.cudaDeviceSetLimit(self.LIMIT_PERSISTING_L2, ctypes.c_size_t(0))
+            self.lib.cudaDeviceSetLimit(self.LIMIT_PERSISTING_L2, ctypes.c_size_t(self.default_persisting_l2))
 
 
 class Timer:
@@ -369,8 +372,11 @@ class Runner:
 
     def flags(self) -> dict:
         flags = {"reference_calls": self.reference_calls}
-        if self.timer.runtime is not None:
-            flags["persisting_l2_bytes"] = self.timer.runtime.persisting_l2_bytes()
+        runtime = self.timer.runtime
+        if runtime is not None:
+            now = runtime.persisting_l2_bytes()
+            if now is not None and now != runtime.default_persisting_l2:
+                flags["persisting_l2_bytes"] = now
         return flags
 
     def serve(self) -> None:

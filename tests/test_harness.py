@@ -1,0 +1,405 @@
+"""The harness's own features, end to end through SubprocessEvaluator on small tasks written here: the judge/runner
+split (hostile messages, patched input generation, network namespace), correctness-only workloads, baselines,
+KernelBench-style module entry points, separate compile and call limits, and, on a GPU, CUDA C++ through CuPy/NVRTC
+and torch extensions, and the GPU's health after an illegal memory access.
+
+The planted cheats of EVALUATION.md's list are in test_cheats.py; the softmax example's cases in test_evaluation.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from ksearch_graph.evaluation import EvalResult, Status, SubprocessEvaluator
+from ksearch_graph.task import Task, load_task
+
+CUDA = torch.cuda.is_available()
+
+SCALE_REFERENCE = '''
+import torch
+
+
+def make_inputs(params, seed, device):
+    g = torch.Generator(device=device).manual_seed(seed)
+    return (torch.randn(params["n"], generator=g, device=device), float(params.get("alpha", 2.0)))
+
+
+def reference(x, alpha):
+    return x * alpha
+'''
+
+HONEST = "def scale(x, alpha):\n    return x * alpha\n"
+
+
+def write_task(root: Path, **overrides) -> Task:
+    root.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "name": root.name, "entry_point": "scale", "language": "pytorch", "solution_file": "kernel.py",
+        "tolerance": {"atol": 1e-5, "rtol": 1e-5}, "correctness_seeds": 2,
+        "workloads": [{"name": "small", "params": {"n": 1000}}, {"name": "big", "params": {"n": 1 << 16}}],
+    }
+    manifest.update(overrides)
+    (root / "task.json").write_text(json.dumps(manifest))
+    (root / "spec.md").write_text("y = x * alpha\n")
+    if not (root / "reference.py").exists():
+        (root / "reference.py").write_text(SCALE_REFERENCE)
+    return load_task(root)
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory) -> dict[str, Task]:
+    base = tmp_path_factory.mktemp("harness")
+    (base / "baseline").mkdir()
+    (base / "baseline" / "baseline.py").write_text("import torch\n\n\ndef scale(x, alpha):\n    return torch.mul(x, alpha)\n")
+    (base / "small_values").mkdir()
+    (base / "small_values" / "reference.py").write_text(SCALE_REFERENCE.replace("x * alpha", "x * alpha * 1e-4"))
+    (base / "module").mkdir()
+    (base / "module" / "reference.py").write_text(MODULE_REFERENCE)
+    return {
+        "scale": write_task(base / "scale"),
+        "mixed": write_task(base / "mixed", workloads=[
+            {"name": "check-only", "params": {"n": 77}, "timed": False},
+            {"name": "timed", "params": {"n": 4096}},
+        ]),
+        "baseline": write_task(base / "baseline", baseline="baseline.py"),
+        "small_values": write_task(base / "small_values", tolerance={"atol": 1e-2, "rtol": 1e-2}),
+        "module": write_task(base / "module", entry_point="ModelNew", entry_kind="module", solution_file="model_new.py",
+                             workloads=[{"name": "default", "params": {"batch": 8}}]),
+        "cupy": write_task(base / "cupy", language="cupy"),
+    }
+
+
+MODULE_REFERENCE = '''
+import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self, features, hidden):
+        super().__init__()
+        self.fc = torch.nn.Linear(features, hidden)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def make_inputs(params, seed, device):
+    torch.manual_seed(seed)
+    init = [16, 32]
+    model = Model(*init)
+    x = torch.randn(params["batch"], 16).to(device)
+    return (init, {k: v.to(device) for k, v in model.state_dict().items()}, x)
+
+
+reference = Model
+'''
+
+MODEL_NEW = '''
+import torch
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, features, hidden):
+        super().__init__()
+        self.fc = torch.nn.Linear(features, hidden)
+
+    def forward(self, x):
+        return torch.addmm(self.fc.bias, x, self.fc.weight.t()).clamp_min(0)
+'''
+
+PATCHES_INPUT_GENERATION = '''
+import torch
+
+_randn = torch.randn
+torch.randn = lambda *a, **k: _randn(*a, **k).abs()  # easier inputs, hoping the judge sees the same
+
+
+def scale(x, alpha):
+    return x * alpha
+'''
+
+HOSTILE_PICKLE = '''
+import os
+from multiprocessing.reduction import ForkingPickler
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+
+
+_dumps = ForkingPickler.dumps
+ForkingPickler.dumps = classmethod(lambda cls, obj, protocol=None: _dumps((obj, Payload())))
+
+
+def scale(x, alpha):
+    return x * alpha
+'''
+
+NETWORK = '''
+import socket
+
+reached = []
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
+    reached.append("127.0.0.1:{port}")
+except OSError:
+    pass
+
+
+def scale(x, alpha):
+    if reached:
+        raise RuntimeError(f"NETWORK REACHED {{reached}}")
+    return x * alpha
+'''
+
+CALLS_REFERENCE = '''
+import sys
+
+
+def scale(x, alpha):
+    return sys.modules["ksearch_task_inputs"].reference(x, alpha)
+'''
+
+SLOW_IMPORT = "import time\ntime.sleep(60)\n\n\n" + HONEST
+
+HANGS_ON_SECOND_CALL = '''
+import time
+
+calls = []
+
+
+def scale(x, alpha):
+    calls.append(1)
+    if len(calls) == 2:
+        time.sleep(60)
+    return x * alpha
+'''
+
+
+@pytest.fixture(scope="module")
+def listener():
+    """A TCP server in the test's own network namespace: the candidate must not reach it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    thread = threading.Thread(target=lambda: [server.accept() for _ in range(3)], daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def results(tasks, listener, tmp_path_factory) -> dict[str, EvalResult]:
+    marker = tmp_path_factory.mktemp("pwn") / "pwned"
+    quick = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all")
+    limited = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, compile_timeout_s=4, call_timeout_s=4,
+                                  workloads="all")
+    jobs = {
+        "honest": (quick, "scale", HONEST),
+        "mixed": (quick, "mixed", HONEST),
+        "baseline": (quick, "baseline", HONEST),
+        "zeros_small_values": (quick, "small_values", "import torch\n\n\ndef scale(x, alpha):\n"
+                                                      "    return torch.zeros_like(x)\n"),
+        "module": (quick, "module", MODEL_NEW),
+        "module_wrong": (quick, "module", MODEL_NEW.replace(".clamp_min(0)", "")),
+        "patched_inputs": (quick, "scale", PATCHES_INPUT_GENERATION),
+        "hostile_pickle": (quick, "scale", HOSTILE_PICKLE.format(marker=marker)),
+        "network": (quick, "scale", NETWORK.format(port=listener)),
+        "calls_reference": (quick, "scale", CALLS_REFERENCE),
+        "slow_import": (limited, "scale", SLOW_IMPORT),
+        "hangs_on_second_call": (limited, "scale", HANGS_ON_SECOND_CALL),
+        "cupy_on_cpu": (quick, "cupy", HONEST),
+    }
+    if CUDA:
+        jobs = {k: v for k, v in jobs.items() if k != "cupy_on_cpu"}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {}
+        for name, (ev, task, source) in jobs.items():
+            files = {tasks[task].spec.solution_file: source}
+            futures[name] = pool.submit(ev.evaluate, tasks[task], files, attempt_id=name)
+        out = {name: f.result() for name, f in futures.items()}
+    out["_marker"] = marker
+    return out
+
+
+def explain(r: EvalResult) -> str:
+    return f"{r.status.value}: {r.log_excerpt}"
+
+
+def test_honest_candidate_passes_with_phases_and_environment(results):
+    r = results["honest"]
+    assert r.status == Status.passed, explain(r)
+    assert {"reference", "correctness", "timing", "spawn", "startup"} <= set(r.phases)
+    assert r.environment["network_isolated"].startswith(("yes", "no"))
+    assert all(w.timed and w.runs >= 3 for w in r.workloads)
+
+
+def test_correctness_only_workloads_are_checked_but_not_timed(results):
+    r = results["mixed"]
+    assert r.status == Status.passed, explain(r)
+    check_only, timed = r.workloads
+    assert check_only.workload == "check-only" and check_only.correct and not check_only.timed
+    assert check_only.latency_us is None and check_only.runs == 0
+    assert timed.timed and timed.latency_us > 0
+    assert r.score == pytest.approx(timed.speedup)  # the geometric mean is over timed workloads only
+
+
+def test_baseline_is_timed_and_scored(results):
+    r = results["baseline"]
+    assert r.status == Status.passed, explain(r)
+    ratios = [w.baseline_us / w.latency_us for w in r.workloads]
+    assert all(w.baseline_us > 0 and w.speedup_vs_baseline == pytest.approx(x) for w, x in zip(r.workloads, ratios))
+    assert r.baseline_score == pytest.approx(100 * sum(ratios) / len(ratios))
+    assert r.speedup_vs_baseline == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)))
+
+
+def test_zeros_fail_even_where_the_reference_is_below_atol(results):
+    r = results["zeros_small_values"]
+    assert r.status == Status.incorrect_numerical, explain(r)
+    assert "relative L2 error" in r.log_excerpt
+
+
+def test_module_entry_points(results):
+    assert results["module"].status == Status.passed, explain(results["module"])
+    assert results["module_wrong"].status == Status.incorrect_numerical, explain(results["module_wrong"])
+
+
+def test_patched_input_generation_is_suspicious(results):
+    r = results["patched_inputs"]
+    assert r.status == Status.suspicious, explain(r)
+    assert "differed" in r.log_excerpt
+
+
+def test_a_hostile_message_from_the_candidates_process_runs_nothing(results):
+    r = results["hostile_pickle"]
+    assert r.status == Status.suspicious, explain(r)
+    assert "not a plain tensor" in r.log_excerpt
+    assert not results["_marker"].exists()
+
+
+def test_the_candidate_has_no_network(results):
+    r = results["network"]
+    if not r.environment.get("network_isolated", "").startswith("yes"):
+        pytest.skip(f"no network namespace here: {r.environment.get('network_isolated')}")
+    assert r.status == Status.passed, explain(r)
+
+
+def test_calling_the_reference_passes_but_is_flagged(results):
+    r = results["calls_reference"]
+    assert r.status == Status.passed, explain(r)
+    assert "calls_reference" in r.flags and "reference implementation" in r.log_excerpt
+
+
+def test_compile_and_call_limits_are_separate(results):
+    r = results["slow_import"]
+    assert r.status == Status.timeout, explain(r)
+    assert "compiling" in r.log_excerpt and "4 s" in r.log_excerpt
+    r = results["hangs_on_second_call"]
+    assert r.status == Status.timeout, explain(r)
+    assert "input set 2/2" in r.log_excerpt and r.wall_s < 60
+
+
+@pytest.mark.skipif(CUDA, reason="checks the CPU-only answer")
+def test_cuda_languages_are_unavailable_without_a_gpu(results):
+    r = results["cupy_on_cpu"]
+    assert r.status == Status.unavailable and "no CUDA GPU" in r.log_excerpt
+
+
+# --- GPU: CUDA C++ through CuPy (NVRTC) and torch extensions; crashes leave the GPU usable --------------------------
+
+CUPY_KERNEL = '''
+import cupy
+import torch
+
+SOURCE = r"""
+extern "C" __global__ void scale(const float* x, float alpha, float* y, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * alpha;%s
+}
+"""
+module = cupy.RawModule(code=SOURCE)
+
+
+def scale(x, alpha):
+    y = torch.empty_like(x)
+    n = x.numel()
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    with stream:
+        module.get_function("scale")(((n + 255) // 256,), (256,),
+                                     (cupy.uint64(x.data_ptr()), cupy.float32(alpha), cupy.uint64(y.data_ptr()), cupy.int64(n)))
+    return y
+'''
+
+EXTENSION_CU = r'''
+#include "kernel.h"
+#include <ATen/cuda/CUDAContext.h>
+
+__global__ void scale_kernel(const float* x, float alpha, float* y, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * alpha;%s
+}
+
+torch::Tensor scale(torch::Tensor x, double alpha) {
+    auto y = torch::empty_like(x);
+    int64_t n = x.numel();
+    scale_kernel<<<(n + 255) / 256, 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+        x.data_ptr<float>(), (float)alpha, y.data_ptr<float>(), n);
+    return y;
+}
+'''
+EXTENSION_H = "#pragma once\n#include <torch/extension.h>\ntorch::Tensor scale(torch::Tensor x, double alpha);\n"
+EXTENSION_MAIN = '#include "kernel.h"\n\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("scale", &scale); }\n'
+
+ILLEGAL_ACCESS = CUPY_KERNEL % "\n    if (i == 0) { float* far = (float*)0x10; *far = 1.0f; }"
+
+
+def extension(body_extra: str = "") -> dict[str, str]:
+    return {"kernel.cu": EXTENSION_CU % body_extra, "kernel.h": EXTENSION_H, "main.cpp": EXTENSION_MAIN}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_cuda_cpp_through_cupy_and_torch_extensions(tmp_path):
+    base = tmp_path / "cuda_task"
+    task = write_task(base, language="cupy", allowed_languages=["cupy", "cuda", "pytorch"],
+                      workloads=[{"name": "n1M", "params": {"n": 1 << 20}}, {"name": "odd", "params": {"n": 12345}}])
+    ev = SubprocessEvaluator(timeout_s=600, time_budget_s=0.2, cache_dir=str(tmp_path / "cache"))
+    cupy_first = ev.evaluate(task, {"kernel.py": CUPY_KERNEL % ""}, attempt_id="cupy-1")
+    cupy_cached = ev.evaluate(task, {"kernel.py": CUPY_KERNEL % ""}, attempt_id="cupy-2")
+    cupy_broken = ev.evaluate(task, {"kernel.py": CUPY_KERNEL % "\n    undeclared_name = 1;"}, attempt_id="cupy-3")
+    ext_first = ev.evaluate(task, extension(), attempt_id="ext-1")
+    ext_cached = ev.evaluate(task, extension(), attempt_id="ext-2")
+    ext_broken = ev.evaluate(task, extension("\n    this is not C++;"), attempt_id="ext-3")
+    for r in (cupy_first, cupy_cached, ext_first, ext_cached):
+        assert r.status == Status.passed, explain(r)
+    assert cupy_broken.status == Status.compile_error and "undeclared_name" in cupy_broken.log_excerpt, explain(cupy_broken)
+    assert ext_broken.status == Status.compile_error and "error" in ext_broken.log_excerpt, explain(ext_broken)
+    # The build is cached by source hash: the second evaluation of the same extension does not rebuild it.
+    assert ext_first.compile_s > 5 and ext_cached.compile_s < ext_first.compile_s / 3, (ext_first.compile_s,
+                                                                                        ext_cached.compile_s)
+    assert cupy_cached.compile_s <= cupy_first.compile_s
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_illegal_memory_access_and_oom_leave_the_gpu_healthy(tmp_path):
+    task = write_task(tmp_path / "crash_task", language="cupy", allowed_languages=["cupy", "pytorch"])
+    ev = SubprocessEvaluator(timeout_s=300, time_budget_s=0.1)
+    crash = ev.evaluate(task, {"kernel.py": ILLEGAL_ACCESS}, attempt_id="illegal")
+    assert crash.status == Status.runtime_error, explain(crash)
+    assert "illegal" in crash.log_excerpt.lower() or "CUDA" in crash.log_excerpt, explain(crash)
+    assert crash.environment.get("gpu_healthy_after") is True
+    oom = ev.evaluate(task, {"kernel.py": "import torch\n\n\ndef scale(x, alpha):\n"
+                                          "    torch.empty(1 << 44, device='cuda')\n    return x * alpha\n"},
+                      attempt_id="oom")
+    assert oom.status == Status.runtime_error and "out of memory" in oom.log_excerpt.lower(), explain(oom)
+    after = ev.evaluate(task, {"kernel.py": HONEST}, attempt_id="after")
+    assert after.status == Status.passed, explain(after)

@@ -1,0 +1,166 @@
+"""The harness's GPU self-test, in one call on a GPU host: the test suite with its GPU tests, then a calibration table.
+
+    python tools/gpu_selftest.py [--out DIR] [--skip-tests] [--tests FILE ...]
+
+1. pytest over the harness's test files with the ``gpu`` marker included (on a CPU machine they skip themselves).
+2. Calibration (tools/calibration/): each workload evaluated by the harness three times, in fresh processes, and
+   timed independently with ``triton.testing.do_bench`` (cold L2: it zeroes a 256 MB buffer before every call) and
+   with CUDA-graph replay of 20 calls. Prints a table: harness mean, its spread over the three evaluations, do_bench
+   mean and the difference.
+3. TriMul (examples/trimul/, all 25 workloads: 18 correctness-only + 7 timed) with the seed submission, twice (the
+   second run has warm compile caches), with the evaluation's phase breakdown.
+Writes selftest.json and selftest.md into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HARNESS_TESTS = ["tests/test_evaluation.py", "tests/test_harness.py", "tests/test_cheats.py", "tests/test_trimul.py"]
+
+
+def run_tests(files: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *files]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    print(tail, flush=True)
+    return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "seconds": time.perf_counter() - t0,
+            "summary": tail.strip().splitlines()[-1] if tail.strip() else ""}
+
+
+def independent_times(task, workload) -> dict:
+    import torch
+    import triton.testing
+
+    sys.path.insert(0, str(ROOT / "tools" / "calibration"))
+    import kernel
+    import reference
+
+    inputs = reference.make_inputs(workload.params, 1234, "cuda")
+    fn = lambda: kernel.op(*inputs)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    do_bench_ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="mean")
+    # CUDA graph replay: 20 calls captured back to back (warm L2 between them: a lower bound for small kernels).
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(20):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    reps = []
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        reps.append(start.elapsed_time(end) * 1e3 / 20)
+    del graph
+    return {"do_bench_us": do_bench_ms * 1e3, "graph_us": statistics.median(reps)}
+
+
+def calibrate(rows: list) -> None:
+    from ksearch_graph.evaluation import SubprocessEvaluator
+    from ksearch_graph.task import load_task
+
+    task = load_task(ROOT / "tools" / "calibration")
+    source = (ROOT / "tools" / "calibration" / "kernel.py").read_text()
+    evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0)
+    runs = []
+    for i in range(3):
+        r = evaluator.evaluate(task, {"kernel.py": source}, attempt_id=f"calibration-{i}")
+        print(f"calibration evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.1f} s {r.log_excerpt[:300]}", flush=True)
+        runs.append(r)
+    for w in task.spec.workloads:
+        means = [next(x for x in r.workloads if x.workload == w.name).latency_us for r in runs if r.passed]
+        row = {"workload": w.name, "harness_us": [round(m, 2) for m in means]}
+        if means:
+            mid = statistics.median(means)
+            row["harness_mean_us"] = mid
+            row["repeat_spread_pct"] = 100 * (max(means) - min(means)) / mid
+            row.update(independent_times(task, w))
+            row["vs_do_bench_pct"] = 100 * (mid - row["do_bench_us"]) / row["do_bench_us"]
+            row["runs"] = [next(x for x in r.workloads if x.workload == w.name).runs for r in runs if r.passed]
+        rows.append(row)
+        print(row, flush=True)
+
+
+def trimul(report: dict) -> None:
+    from ksearch_graph.evaluation import SubprocessEvaluator
+    from ksearch_graph.task import load_task
+
+    task = load_task(ROOT / "examples" / "trimul")
+    evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0)
+    report["trimul"] = []
+    for i in range(2):
+        r = evaluator.evaluate(task, {"submission.py": task.seed_source}, attempt_id=f"trimul-{i}")
+        entry = {"status": r.status.value, "wall_s": r.wall_s, "phases": r.phases, "score": r.score,
+                 "latency_us": r.latency_us, "compile_s": r.compile_s, "log": r.log_excerpt[:500],
+                 "workloads": [w.model_dump() for w in r.workloads]}
+        report["trimul"].append(entry)
+        print(f"trimul evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.2f} s, phases {r.phases}, "
+              f"score {r.score:.3f}, geomean {r.latency_us}", flush=True)
+
+
+def markdown(report: dict) -> str:
+    lines = [f"GPU self-test, {report['date']}, {report['environment']}", ""]
+    if report.get("tests"):
+        t = report["tests"]
+        lines += [f"Tests: `{t['command']}` -> {t['summary']} ({t['seconds']:.0f} s)", ""]
+    lines += ["| workload | harness mean (3 evaluations) | spread | do_bench (cold L2) | diff | graph replay |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for row in report["calibration"]:
+        if "harness_mean_us" not in row:
+            lines.append(f"| {row['workload']} | failed | | | | |")
+            continue
+        lines.append(f"| {row['workload']} | {row['harness_mean_us']:.1f} us | {row['repeat_spread_pct']:.2f}% | "
+                     f"{row['do_bench_us']:.1f} us | {row['vs_do_bench_pct']:+.2f}% | {row['graph_us']:.1f} us |")
+    for i, t in enumerate(report.get("trimul", [])):
+        lines.append("")
+        lines.append(f"TriMul evaluation {i + 1}: {t['status']}, wall {t['wall_s']:.2f} s, phases {t['phases']}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=".")
+    p.add_argument("--skip-tests", action="store_true")
+    p.add_argument("--tests", nargs="*", default=HARNESS_TESTS)
+    args = p.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA GPU here: the self-test needs one")
+        return 2
+    report = {"date": time.strftime("%Y-%m-%d"), "calibration": [],
+              "environment": f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}"}
+    if not args.skip_tests:
+        report["tests"] = run_tests(args.tests)
+    calibrate(report["calibration"])
+    trimul(report)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "selftest.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "selftest.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0 if report.get("tests", {}).get("returncode", 0) == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
