@@ -266,15 +266,47 @@ def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None 
     return 0
 
 
+@contextmanager
+def _task_folder(task_arg: str, definition: str | None):
+    """The task folder for `ksearch run TASK`: a task folder (or its task.json) as it is; a FlashInfer-Trace
+    definition (a definitions/**.json file, or a dataset root with --definition) or a KernelBench problem (.py)
+    materialised into a temporary folder, which RunDir.create then copies into RUN_DIR/task."""
+    import tempfile
+
+    from .flashinfer_trace import is_dataset_root, is_definition_file, materialise_definition
+    from .kernelbench import is_problem_file, materialise_problem
+
+    path = Path(task_arg)
+    if not path.exists():
+        raise TaskError(f"{path} does not exist")
+    if definition and not is_dataset_root(path) and not is_definition_file(path):
+        raise TaskError(f"--definition is for a FlashInfer-Trace dataset root (a folder with definitions/), "
+                        f"and {path} is not one")
+    if (path / "task.json").is_file() or path.name == "task.json":
+        yield path.parent if path.is_file() else path
+        return
+    with tempfile.TemporaryDirectory(prefix="ksearch-task-") as tmp:
+        if is_dataset_root(path) or is_definition_file(path):
+            yield materialise_definition(path, Path(tmp) / "task", definition=definition)
+        elif is_problem_file(path):
+            yield materialise_problem(path, Path(tmp) / "task")
+        else:
+            raise TaskError(f"{path} is not a task: expected a task folder (with task.json), a FlashInfer-Trace "
+                            "definition (.json) or dataset root (with --definition NAME), or a KernelBench "
+                            "problem (.py)")
+
+
 def cmd_run(args) -> int:
     config = _config_from_args(args)
-    load_task(args.task)  # fail early, with the task's own error message
     if config.planner == "offline" and (os.environ.get(args.api_key_env) and not args.offline):
         print(f"note: {args.api_key_env} is set but no --model was given; using the offline planner")
-    task_folder = Path(args.task)
-    task_folder = task_folder.parent if task_folder.is_file() else task_folder
-    run_dir = args.run_dir or Path("runs") / f"{load_task(task_folder).name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run = RunDir.create(run_dir, task_folder, config)
+    with _task_folder(args.task, args.definition) as task_folder:
+        task = load_task(task_folder)  # fail early, with the task's own error message
+        if config.planner == "offline" and task.spec.template is None:
+            raise TaskError(f"task {task.name} has no kernel template, so the offline (no-LLM) planner cannot "
+                            "search it; search it with an LLM: --model M [--base-url URL], or --llm local")
+        run_dir = args.run_dir or Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run = RunDir.create(run_dir, task_folder, config)
     print(f"run directory: {run.path}")
     return _drive(run, fresh=True, quiet=args.quiet)
 
@@ -367,6 +399,18 @@ def cmd_report(args) -> int:
 def cmd_export(args) -> int:
     from .export import export_best
 
+    if args.format == "flashinfer-trace":
+        from .export import export_flashinfer
+
+        written = export_flashinfer(args.run_dir, args.out, top=args.top)
+        if not written["traces"]:
+            print(f"ksearch: {args.run_dir}: no evaluated attempt, nothing to export", file=sys.stderr)
+            return 1
+        for label, key in (("best solution", "best"), ("traces", "traces"), ("definition", "definitions")):
+            for path in written[key]:
+                print(f"{label}: {path}")
+        print(f"{len(written['solutions'])} solution(s) in {Path(args.out) / 'solutions'}")
+        return 0
     folders = export_best(args.run_dir, args.out, top=args.top)
     if not folders:
         print(f"ksearch: {args.run_dir}: no attempt passed, nothing to export", file=sys.stderr)
@@ -379,8 +423,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ksearch", description="K-Search: LLM kernel search with a co-evolving world model")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="start a search on a task folder")
-    p.add_argument("task", help="task folder (with task.json)")
+    p = sub.add_parser("run", help="start a search on a task folder, a FlashInfer-Trace definition or a "
+                                   "KernelBench problem")
+    p.add_argument("task", help="task folder (with task.json); FlashInfer-Trace definition file "
+                                "(DATASET/definitions/.../NAME.json) or dataset root (with --definition); "
+                                "KernelBench problem file (.py)")
+    p.add_argument("--definition", help="with a FlashInfer-Trace dataset root as TASK: the definition's name")
     p.add_argument("--run-dir", help="where the run lives (default runs/<task>-<time>)")
     p.add_argument("--quiet", action="store_true")
     _add_search_options(p)
@@ -419,10 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default DIR/report)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("export", help="write the best kernel(s) of a run as files with a result.json")
+    p = sub.add_parser("export", help="write the best kernel(s) of a run as files with a result.json, or the run as "
+                                      "FlashInfer-Trace solutions and traces")
     p.add_argument("run_dir")
     p.add_argument("--out", required=True)
     p.add_argument("--top", type=int, default=1, help="the K best distinct passing kernels, one folder per attempt")
+    p.add_argument("--format", choices=["files", "flashinfer-trace"], default="files",
+                   help="files (default): kernel files and result.json; flashinfer-trace: OUT/solutions/*.json and "
+                        "OUT/traces/<definition>.jsonl with every evaluation of the run")
     p.set_defaults(func=cmd_export)
     return parser
 

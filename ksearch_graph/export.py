@@ -3,8 +3,10 @@
 ``export_best(run_dir, out_dir)`` writes the run's best kernel into ``out_dir``; with ``top=k`` it writes the k
 best distinct passing kernels, each into ``out_dir/<attempt id>/``, the run's best first.
 
-Other export formats (FlashInfer-Trace JSON, with the tasks issue) belong in ``write_kernel``: it has the task,
-the attempt's store row, its evaluation result and its files, which is what such a writer needs.
+``export_best(..., format="flashinfer-trace")`` (``ksearch export DIR --format flashinfer-trace``) writes the run as
+a FlashInfer-Trace dataset folder instead: ``OUT/solutions/<name>.json`` (one Solution per distinct evaluated code,
+the best ones included), ``OUT/traces/<definition>.jsonl`` (every evaluation, failed ones too) and, for a task that
+came from FlashInfer-Trace, ``OUT/definitions/<name>.json``; see ``flashinfer_trace.export_flashinfer_trace``.
 """
 
 from __future__ import annotations
@@ -20,14 +22,23 @@ from .task import Task
 RESULT_FILE = "result.json"
 
 
-def export_best(run_dir: str | Path, out_dir: str | Path, *, top: int = 1) -> list[Path]:
+FORMATS = ("files", "flashinfer-trace")
+
+
+def export_best(run_dir: str | Path, out_dir: str | Path, *, top: int = 1, format: str = "files") -> list[Path]:
     """Write the best kernel (or the ``top`` best) and return the folders written, best first.
 
     "Best" is the run's own best (the search's choice, made with its noise margin and confirming
     re-measurement); the others follow by score. Attempts with the same code count once.
+    With ``format="flashinfer-trace"`` the whole run is written as FlashInfer-Trace (see ``export_flashinfer``) and
+    the best Solution files are returned, best first.
     """
     if top < 1:
         raise ValueError("top must be at least 1")
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, not {format!r}")
+    if format == "flashinfer-trace":
+        return export_flashinfer(run_dir, out_dir, top=top)["best"]
     run = RunDir.open(run_dir)
     best = state_at(run).get("best")
     if not best:
@@ -49,6 +60,13 @@ def export_best(run_dir: str | Path, out_dir: str | Path, *, top: int = 1) -> li
         row, files = chosen[0]
         return [write_kernel(out, task, row, files)]
     return [write_kernel(out / row["id"], task, row, files) for row, files in chosen[:top]]
+
+
+def export_flashinfer(run_dir: str | Path, out_dir: str | Path, *, top: int = 1) -> dict[str, list[Path]]:
+    """The run as a FlashInfer-Trace folder: {"best", "solutions", "traces", "definitions"} -> paths written."""
+    from .flashinfer_trace import export_flashinfer_trace
+
+    return export_flashinfer_trace(run_dir, out_dir, top=top)
 
 
 def write_kernel(folder: Path, task: Task, row: dict, files: dict[str, str]) -> Path:
