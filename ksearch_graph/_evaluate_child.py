@@ -231,39 +231,40 @@ def same(a, b) -> bool:
     return a == b
 
 
-def compare(out, expected: list, tol: dict) -> tuple[str | None, str, float]:
-    """Check one output against the expected tensors: (failure status or None, message, max abs error)."""
+def compare(out, expected: list, tol: dict) -> tuple[str | None, str, float, float]:
+    """Check one output against the expected tensors: (failure status or None, message, max abs, max rel error)."""
     if isinstance(out, str):  # the runner sends the type name of anything that is not a tensor or tensors
-        return "incorrect_shape", f"returned {out}, expected a torch.Tensor", math.inf
+        return "incorrect_shape", f"returned {out}, expected a torch.Tensor", math.inf, math.inf
     got = as_tensors(out)
     if got is None:
-        return "incorrect_shape", f"returned {type(out).__name__}, expected a torch.Tensor", math.inf
+        return "incorrect_shape", f"returned {type(out).__name__}, expected a torch.Tensor", math.inf, math.inf
     if len(got) != len(expected):
-        return "incorrect_shape", f"returned {len(got)} tensors, expected {len(expected)}", math.inf
-    worst = 0.0
+        return "incorrect_shape", f"returned {len(got)} tensors, expected {len(expected)}", math.inf, math.inf
+    worst = worst_rel = 0.0
     for k, (o, r) in enumerate(zip(got, expected)):
         name = "output" if len(got) == 1 else f"output[{k}]"
         if tuple(o.shape) != tuple(r.shape):
-            return "incorrect_shape", f"{name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}", math.inf
+            return ("incorrect_shape", f"{name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}", math.inf,
+                    math.inf)
         if o.dtype != r.dtype:
-            return "incorrect_dtype", f"{name} has dtype {o.dtype}, expected {r.dtype}", math.inf
+            return "incorrect_dtype", f"{name} has dtype {o.dtype}, expected {r.dtype}", math.inf, math.inf
         if o.device != r.device:
-            return "incorrect_dtype", f"{name} is on {o.device}, expected {r.device}", math.inf
-        failure, max_err = _compare_values(name, o.reshape(-1), r.reshape(-1), tuple(o.shape), tol)
+            return "incorrect_dtype", f"{name} is on {o.device}, expected {r.device}", math.inf, math.inf
+        failure, max_err, max_rel = _compare_values(name, o.reshape(-1), r.reshape(-1), tuple(o.shape), tol)
         if failure:
-            return "incorrect_numerical", failure, max_err
-        worst = max(worst, max_err)
-    return None, "", worst
+            return "incorrect_numerical", failure, max_err, max_rel
+        worst, worst_rel = max(worst, max_err), max(worst_rel, max_rel)
+    return None, "", worst, worst_rel
 
 
-def _compare_values(name: str, o, r, shape: tuple, tol: dict) -> tuple[str | None, float]:
-    """Elementwise tolerance on the device, in float64, a chunk at a time."""
+def _compare_values(name: str, o, r, shape: tuple, tol: dict) -> tuple[str | None, float, float]:
+    """Elementwise tolerance on the device, in float64, a chunk at a time: (failure, max abs, max rel error)."""
     n = o.numel()
     if n == 0:
-        return None, 0.0
+        return None, 0.0, 0.0
     bad = special = 0
     first_special = None
-    max_err, max_at = 0.0, 0
+    max_err, max_at, max_rel = 0.0, 0, 0.0
     diff2 = ref2 = 0.0
     for lo in range(0, n, COMPARE_CHUNK):
         oc = o[lo:lo + COMPARE_CHUNK].to(torch.float64)
@@ -280,6 +281,9 @@ def _compare_values(name: str, o, r, shape: tuple, tol: dict) -> tuple[str | Non
         chunk_max, at = err.max(dim=0)
         if float(chunk_max) > max_err:
             max_err, max_at = float(chunk_max), lo + int(at)
+        significant = finite & (rc.abs() >= 1e-6)
+        if bool(significant.any()):
+            max_rel = max(max_rel, float((err[significant] / rc[significant].abs()).max()))
         diff2 += float(err.square().sum())
         ref2 += float(torch.where(finite, rc, torch.zeros_like(rc)).square().sum())
 
@@ -288,15 +292,15 @@ def _compare_values(name: str, o, r, shape: tuple, tol: dict) -> tuple[str | Non
 
     if special:
         return (f"{name}: NaN/Inf pattern differs from the reference at {special} of {n} elements "
-                f"(first at {show(first_special)})"), math.inf
+                f"(first at {show(first_special)})"), math.inf, math.inf
     if 1.0 - bad / n < tol["matched_ratio"]:
         return (f"{name}: {bad} of {n} elements outside atol={tol['atol']:g}, rtol={tol['rtol']:g}; "
-                f"max abs error {max_err:.4g} at {show(max_at)}"), max_err
+                f"max abs error {max_err:.4g} at {show(max_at)}"), max_err, max_rel
     if ref2 > 0 and math.sqrt(diff2 / ref2) > TRIVIAL_REL_L2:
         # Every element is within atol only because the reference's values are small against it (zeros pass).
         return (f"{name}: within the elementwise tolerance, but its relative L2 error is "
-                f"{math.sqrt(diff2 / ref2):.3g}: the output does not follow the reference"), max_err
-    return None, max_err
+                f"{math.sqrt(diff2 / ref2):.3g}: the output does not follow the reference"), max_err, max_rel
+    return None, max_err, max_rel
 
 
 # --- the evaluation -----------------------------------------------------------------------------------------------
@@ -454,13 +458,17 @@ class Judge:
 
     # -- checks ----------------------------------------------------------------------------------------------------
 
-    def check(self, out, got_inputs, pristine, expected, where: str) -> float:
+    def check(self, out, got_inputs, pristine, expected, where: str, row: dict | None = None) -> tuple[float, float]:
+        """Inputs unchanged and output right; the errors go into ``row`` (the workload's result) either way."""
         if not same(pristine, got_inputs):
             raise Failure("suspicious", f"{where}: the candidate wrote into its input tensors")
-        status, message, max_err = compare(out, expected, self.tol)
+        status, message, max_err, max_rel = compare(out, expected, self.tol)
+        if row is not None and (status or max_err > (row.get("max_abs_error") or 0.0)):
+            finite = lambda v: v if math.isfinite(v) else None  # noqa: E731  (JSON has no infinity)
+            row.update(max_abs_error=finite(max_err), max_rel_error=finite(max_rel))
         if status:
             raise Failure(status, f"{where}: {message}")
-        return max_err
+        return max_err, max_rel
 
     def check_flags(self, flags: dict, where: str) -> None:
         if flags.get("persisting_l2_bytes"):
@@ -508,7 +516,6 @@ class Judge:
             name = w["name"]
             results[name] = {"workload": name, "correct": False, "timed": w["timed"]}
             result["workloads"] = list(results.values())
-            max_err = 0.0
             for i in range(task["correctness_seeds"]):
                 where = f"workload {name}, input set {i + 1}/{task['correctness_seeds']}"
                 progress(f"correctness {where}")
@@ -528,10 +535,10 @@ class Judge:
                     raise Failure("suspicious", f"{where}: the inputs in the candidate's process differed from the "
                                   "judge's before the call (make_inputs patched, or not deterministic)")
                 self.check_flags(flags, where)
-                max_err = max(max_err, self.check(out, got_inputs, pristine, expected, where))
+                self.check(out, got_inputs, pristine, expected, where, results[name])
                 del out, got_inputs, pristine, expected
                 self.phases["correctness"] += time.perf_counter() - t0
-            results[name].update(correct=True, max_abs_error=max_err)
+            results[name]["correct"] = True
             if flags.get("reference_calls"):
                 result.setdefault("flags", []).append("calls_reference")
 

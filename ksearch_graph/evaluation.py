@@ -44,7 +44,8 @@ class Status(StrEnum):
 class WorkloadResult(BaseModel):
     workload: str
     correct: bool
-    max_abs_error: float | None = None
+    max_abs_error: float | None = None  # over the correctness calls; for a failed workload, of the failing call
+    max_rel_error: float | None = None  # max |out - ref| / |ref| over elements with |ref| >= 1e-6
     latency_us: float | None = None  # mean of the timed calls
     median_us: float | None = None
     std_us: float | None = None

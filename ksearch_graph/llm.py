@@ -477,7 +477,7 @@ def extract_code(
 ) -> dict[str, str]:
     """Source files from an LLM answer's fenced code blocks, as {file name: source}.
 
-    Python-family languages (triton, pytorch, python): one file, ``default_file``, taken from the
+    Python-family languages (triton, pytorch, python, cupy): one file, ``default_file``, taken from the
     largest ```python / ```py / ```triton / bare block (later blocks win ties): a short usage
     example after the kernel must not replace it. Other languages (CUDA): one file per block
     named by its fence header (```cpp kernel.cu, ```cuda title="kernel.h"), by a first-line
@@ -486,7 +486,7 @@ def extract_code(
     expected, a single block is that file. Every file in ``expected_files`` must be present.
     """
     blocks = _code_blocks(text)
-    if language in ("triton", "pytorch", "python"):
+    if language in ("triton", "pytorch", "python", "cupy"):
         candidates = [b for b in blocks if b.lang in _PYTHON_TAGS or (b.name or "").endswith(".py")]
         if not candidates:
             raise CodeExtractionError("the answer contains no ```python code block")

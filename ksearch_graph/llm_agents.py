@@ -248,6 +248,8 @@ class LLMPlanner:
 _FORMAT_RULES = {
     "triton": "one ```python block: a module defining `$entry(...)` that launches your Triton kernel(s).",
     "pytorch": "one ```python block: a module defining `$entry(...)`.",
+    "cupy": "one ```python block: a module defining `$entry(...)` that compiles your CUDA C++ with cupy.RawModule "
+            "(NVRTC) and launches it on torch's current stream (cupy.cuda.ExternalStream).",
     "cuda": "one fenced block per file, the file name in the fence header (```cpp kernel.h, ```cuda kernel.cu, "
             "```cpp main.cpp); main.cpp binds `$entry` with pybind11.",
 }
