@@ -130,9 +130,12 @@ def fingerprint(value) -> list:
     out = []
     for t in _leaves(value):
         if isinstance(t, torch.Tensor):
-            d = t.detach().to(torch.float64) if t.numel() else t.detach().new_zeros(1, dtype=torch.float64)
-            d = torch.nan_to_num(d, nan=7.0, posinf=11.0, neginf=-13.0)
-            out.append((tuple(t.shape), str(t.dtype), float(d.sum()), float(d.abs().sum())))
+            flat, total, total_abs = t.detach().reshape(-1), 0.0, 0.0
+            for lo in range(0, flat.numel(), 1 << 26):  # in chunks: float64 copies of MoE weights would be 7.5 GB
+                d = torch.nan_to_num(flat[lo:lo + (1 << 26)].to(torch.float64), nan=7.0, posinf=11.0, neginf=-13.0)
+                total += float(d.sum())
+                total_abs += float(d.abs().sum())
+            out.append((tuple(t.shape), str(t.dtype), total, total_abs))
         else:
             out.append(repr(t))
     return out
@@ -310,9 +313,16 @@ def build_torch_extension(root: str, cache: str, entry_point: str):
             digest.update(n.encode() + b"\0" + f.read() + b"\0")
     name = "ksearch_ext_" + digest.hexdigest()[:16]
     build = os.path.join(cache, "torch-extensions", name)
-    os.makedirs(build, exist_ok=True)
+    # Build from copies inside the cache folder: torch rebuilds when the source paths or include paths change, and
+    # every evaluation's candidate folder is a new temporary one.
+    src = os.path.join(build, "src")
+    os.makedirs(src, exist_ok=True)
+    for n in names:
+        with open(os.path.join(root, n), "rb") as f, open(os.path.join(src, n), "wb") as g:
+            g.write(f.read())
+    sources = [os.path.join(src, os.path.basename(p)) for p in sources]
     try:
-        module = cpp_extension.load(name=name, sources=sources, extra_include_paths=[root], build_directory=build,
+        module = cpp_extension.load(name=name, sources=sources, extra_include_paths=[src], build_directory=build,
                                     extra_cuda_cflags=["-O3", "--use_fast_math"], verbose=False)
     except Exception as e:  # the compiler's own output is in the message; keep its errors, not its command lines
         lines = [line for line in str(e).splitlines() if "error" in line.lower() or "undefined" in line.lower()]
@@ -454,6 +464,8 @@ def main() -> None:
     import multiprocessing
 
     multiprocessing.current_process().authkey = bytes.fromhex(cfg["authkey"])
+    # Its listener socket lives in a temp dir; a long TMPDIR exceeds AF_UNIX's 107-byte path limit.
+    multiprocessing.process.current_process()._config["tempdir"] = cfg["socket_dir"]
     try:
         if cfg["device"] == "cpu":
             os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton

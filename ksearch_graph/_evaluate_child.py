@@ -42,6 +42,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -61,7 +62,27 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def _harden() -> None:
+    """Linux process flags, set before anything else runs.
+
+    Not dumpable: other processes of our user (the candidate's) cannot read our memory, environment or file
+    descriptors through /proc. Child subreaper: whatever the candidate starts and orphans (a double fork, a new
+    session) is re-parented to us instead of init, so ``kill_descendants`` finds and kills it.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.prctl(4, 0)  # PR_SET_DUMPABLE
+        libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
 if __name__ == "__main__":
+    _harden()
     _die_with_parent()  # before the slow torch import: a search killed meanwhile takes us along at once
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,7 +93,8 @@ from _candidate_runner import Failure, as_tensors, clip, describe, derive_seed, 
 torch = rl.load_torch()
 
 SEED_ENV = "KSEARCH_EVAL_SEED"
-ESCAPE_SLACK_US = 20.0  # device work past a call's end event beyond the reference's, before it counts as the call's
+RESULT_KEY_ENV = "KSEARCH_RESULT_KEY"  # signs the result file, so a forged or overwritten one is recognised
+ESCAPE_SLACK_US = 5.0  # device work past a call's end event beyond the reference's, before it counts as the call's
 CHECK_PROBABILITY = 0.2  # share of timed calls (besides the first and last) whose output is re-checked
 TRIVIAL_REL_L2 = 0.5  # an output this far from the reference in L2 fails even if every element is within atol
 COMPARE_CHUNK = 1 << 26  # elements compared at a time in float64 (bounds the comparison's extra memory)
@@ -104,9 +126,10 @@ class _TensorsOnly(pickle.Unpickler):
 class RunnerProcess:
     """The candidate's process, seen from the judge: requests with time limits, and what its death means."""
 
-    def __init__(self, cfg: dict, log_path: str, env: dict):
+    def __init__(self, cfg: dict, log_path: str, env: dict, memory_limit_gb: float):
         from multiprocessing.connection import Connection
 
+        self.memory_limit = int(memory_limit_gb * 2**30)
         ours, theirs = socket.socketpair()
         self.log_path = log_path
         cmd = [sys.executable, os.path.join(HERE, "_candidate_runner.py"), "--fd", str(theirs.fileno()),
@@ -130,7 +153,7 @@ class RunnerProcess:
         try:
             if msg is not None:
                 self.conn.send(msg)
-            if not self.conn.poll(timeout_s):
+            if not self.wait(timeout_s):
                 self.kill()
                 raise Failure("timeout", f"the candidate did not finish {phase} within {timeout_s:g} s")
             reply = _TensorsOnly(io.BytesIO(self.conn.recv_bytes())).load()
@@ -142,6 +165,27 @@ class RunnerProcess:
         if reply[0] == "error":
             raise Failure(reply[1], f"{phase}:\n{reply[2]}" if phase else reply[2])
         return reply
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for an answer, watching the candidate's host memory (an address-space limit would break CUDA)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.conn.poll(min(0.1, max(0.0, deadline - time.monotonic()))):
+                return True
+            rss = self.rss_bytes()
+            if rss > self.memory_limit:
+                self.kill()
+                raise Failure("runtime_error", f"the candidate's process used {rss / 2**30:.1f} GB of host memory "
+                              f"during {self.phase}; the limit is {self.memory_limit / 2**30:g} GB")
+            if time.monotonic() >= deadline:
+                return False
+
+    def rss_bytes(self) -> int:
+        try:
+            with open(f"/proc/{self.proc.pid}/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return 0
 
     def send(self, msg: tuple) -> None:
         try:
@@ -498,7 +542,7 @@ class Judge:
         t0 = time.perf_counter()
         with timing_lock(args.lock_dir):
             for w in timed:
-                if runner.answered():
+                if runner.answered() or DEVICE == "cpu":  # on CPU both processes would share the cores
                     break
                 time_reference(w)
         self.phases["reference_timing"] = time.perf_counter() - t0
@@ -608,10 +652,12 @@ def evaluate(args, result: dict) -> None:
     cfg = {"candidate": root, "reference": os.path.join(os.path.abspath(args.task), task["reference"]),
            "solution_file": task["solution_file"], "entry_point": task["entry_point"], "kind": task["entry_kind"],
            "form": form, "device": DEVICE, "cache": args.cache_dir, "judge_pid": os.getpid(),
-           "isolate_network": not args.no_network_isolation, "authkey": _authkey()}
+           "isolate_network": not args.no_network_isolation, "authkey": _authkey(),
+           "socket_dir": tempfile.mkdtemp(prefix="ksr-", dir="/tmp")}
     judge = Judge(args, task, result)  # pops the seed from the environment before the runner starts
     t0 = time.perf_counter()
-    runner = RunnerProcess(cfg, os.path.join(private_tmp, "candidate.log"), runner_env(private_tmp))
+    runner = RunnerProcess(cfg, os.path.join(private_tmp, "candidate.log"), runner_env(private_tmp),
+                           args.memory_limit_gb)
     judge.phases["spawn"] = time.perf_counter() - t0
     try:
         judge.run(runner)
@@ -621,6 +667,11 @@ def evaluate(args, result: dict) -> None:
         raise
     finally:
         runner.stop()
+        if sys.platform.startswith("linux"):
+            kill_descendants()
+        import shutil
+
+        shutil.rmtree(cfg["socket_dir"], ignore_errors=True)
         result["phases"] = {k: round(v, 4) for k, v in judge.phases.items()}
 
 
@@ -628,6 +679,32 @@ def _authkey() -> str:
     import multiprocessing
 
     return bytes(multiprocessing.current_process().authkey).hex()
+
+
+def kill_descendants() -> None:
+    """SIGKILL every child we have, including the candidate's orphans re-parented to us (see _harden), until none is
+    left: the next generation is re-parented to us when its parent dies."""
+    me = str(os.getpid())
+    for _ in range(50):
+        children = []
+        for stat in os.listdir("/proc"):
+            if not stat.isdigit():
+                continue
+            try:
+                with open(f"/proc/{stat}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me:
+                children.append(int(stat))
+        if not children:
+            return
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
 
 
 def gpu_healthy() -> bool:
@@ -653,10 +730,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "ksearch_graph"),
                         help="compile caches shared by evaluations, keyed by source hash")
     parser.add_argument("--lock-dir", default="/tmp", help="where the per-device timing lock lives")
+    parser.add_argument("--memory-limit-gb", type=float, default=32.0,
+                        help="host memory (resident) the candidate's process may use before it is killed")
     parser.add_argument("--no-network-isolation", action="store_true",
                         help="do not put the candidate in its own network namespace")
     args = parser.parse_args(argv)
     faulthandler.enable()
+    result_key = os.environ.pop(RESULT_KEY_ENV, "")
 
     start = time.perf_counter()
     result = {"status": "runtime_error", "workloads": [], "score": 0.0, "latency_us": None, "compile_s": 0.0,
@@ -670,9 +750,15 @@ def main(argv: list[str] | None = None) -> int:
     if result["status"] != "passed":
         result["score"] = 0.0
     result["wall_s"] = time.perf_counter() - start
+    text = json.dumps(result, indent=1)
+    if result_key:  # first line: HMAC of the rest, which the parent checks
+        import hashlib
+        import hmac
+
+        text = hmac.new(result_key.encode(), text.encode(), hashlib.sha256).hexdigest() + "\n" + text
     tmp = args.out + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
+        f.write(text)
     os.replace(tmp, args.out)  # the parent never sees a half-written file
     progress(f"done: {result['status']}")
     return 0

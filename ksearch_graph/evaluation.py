@@ -9,6 +9,8 @@ killed as a group on timeout.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import os
 import re
@@ -103,6 +105,7 @@ class Evaluator(Protocol):
 
 
 _CHILD = Path(__file__).with_name("_evaluate_child.py")
+_RESULT_KEY = "KSEARCH_RESULT_KEY"
 _PROGRESS = "[ksearch-eval] "  # the child's progress lines on stderr
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 _LOG_LIMIT = 2000
@@ -182,7 +185,9 @@ class SubprocessEvaluator:
             os.makedirs(workdir, exist_ok=True)
         self.workloads = workloads
         self.time_budget_s = time_budget_s  # timing budget per workload, for candidate and reference each
-        self.memory_limit_gb = memory_limit_gb  # address-space limit; only applied where no GPU driver is present
+        # Host memory: an address-space limit on the whole evaluation where no GPU driver is present (the driver maps
+        # far more than it uses), and everywhere the judge's watch on the candidate process's resident memory.
+        self.memory_limit_gb = memory_limit_gb
         # Separate limits for the candidate's compile (import, extension build, first call) and for any other call;
         # timeout_s stays the wall-clock limit of the whole evaluation.
         self.compile_timeout_s = compile_timeout_s or timeout_s
@@ -216,12 +221,15 @@ class SubprocessEvaluator:
                "--cache-dir", self.cache_dir, "--lock-dir", str(Path(tempfile.gettempdir()))]
         if not self.isolate_network:
             cmd.append("--no-network-isolation")
+        cmd += ["--memory-limit-gb", str(self.memory_limit_gb)]
+        key = secrets.token_hex(32)
         if self.workloads == "feedback":
             cmd += ["--workloads", ",".join(w.name for w in task.feedback_workloads())]
         stderr_path = root / "stderr.txt"
         with open(root / "stdout.txt", "wb") as stdout, open(stderr_path, "wb") as stderr:
             try:
-                proc = subprocess.Popen(cmd, cwd=candidate, env=self._child_env(root), stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(cmd, cwd=candidate, env=self._child_env(root) | {_RESULT_KEY: key},
+                                        stdin=subprocess.DEVNULL,
                                         stdout=stdout, stderr=stderr, start_new_session=True)
             except OSError as e:
                 return EvalResult(status=Status.unavailable, log_excerpt=f"cannot start {self.python}: {e}")
@@ -239,8 +247,12 @@ class SubprocessEvaluator:
                 log_excerpt=f"timed out after {self.timeout_s:g} s (wall clock); it was at: {_last_step(stderr_text)}",
             )
         if out.is_file():
+            signature, _, text = out.read_text().partition("\n")
+            if not hmac.compare_digest(signature, hmac.new(key.encode(), text.encode(), hashlib.sha256).hexdigest()):
+                return EvalResult(status=Status.suspicious, log_excerpt="the result file was not the one the "
+                                  "evaluation wrote (forged or overwritten by the candidate)")
             try:
-                result = EvalResult.model_validate_json(out.read_text())
+                result = EvalResult.model_validate_json(text)
                 # Python start-up and imports: what the child's own clock did not see.
                 result.phases["startup"] = round(max(0.0, time.monotonic() - started - result.wall_s), 4)
                 return result

@@ -189,8 +189,11 @@ def assert_close_to_float64(got, want64) -> None:
     out, lse = got
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     want_out, want_lse = want64
-    # The output is the float64 value rounded to bf16 (half an ulp, 2^-9 relative) plus float32 error.
-    compare((out.double(), want_lse), want64, atol=1e-5, rtol=2.0 ** -8)
+    # The output is the float64 value rounded to bf16 (half an ulp, 2^-9 relative) plus float32 error. With
+    # heavy-tailed q and k the float32 logits reach thousands and carry ~1e-3 absolute rounding error, which moves the
+    # softmax weights by ~0.1%: measured on the H200 (b16_heavy, 16k keys), two bf16 ulps. Allow four; the task's
+    # tolerance is still ~6x looser than this.
+    compare((out.double(), want_lse), want64, atol=1e-5, rtol=2.0 ** -6)
     # lse: float32 accuracy, relative to the largest lse of the batch (heavy-tailed logits reach the hundreds).
     finite = want_lse[torch.isfinite(want_lse)]
     scale = max([1.0] + ([float(finite.abs().max())] if finite.numel() else []))
