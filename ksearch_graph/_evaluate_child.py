@@ -429,6 +429,7 @@ class Judge:
         self.base_seed = int(os.environ.pop(SEED_ENV)) if args.seeds_from_env else secrets.randbits(62)
         self.rng = random.Random(secrets.randbits(64))  # which timed calls get re-checked
         self.timer = rl.Timer(DEVICE)
+        self.min_runs = rl.MIN_RUNS_GPU if DEVICE == "cuda" else rl.MIN_RUNS
         self.ref = load_module("ksearch_reference", os.path.join(args.task, task["reference"]))
         self.baseline = None
         if task["baseline"]:
@@ -456,7 +457,7 @@ class Judge:
             self.timer.sync()
             self.timer.warm_clocks()
             started = time.perf_counter()
-            while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter()):
+            while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs):
                 f, a = call(len(times))
                 _, us, tail, _ = self.timer.time(f, a)
                 times.append(us)
@@ -480,7 +481,7 @@ class Judge:
                               f"the call ({host_us:.0f} us): the timer was tampered with")
             times.append(us)
             tails.append(tail)
-            last = rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter())
+            last = rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs)
             if len(times) == 1 or last or self.rng.random() < CHECK_PROBABILITY:
                 _, out, got_inputs, _, _, _ = runner.request(("send",), self.args.call_timeout_s, where)
                 pristine = self.inputs(w, seed)

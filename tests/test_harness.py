@@ -385,7 +385,7 @@ def test_cuda_cpp_through_cupy_and_torch_extensions(tmp_path):
     # The build is cached by source hash: the second evaluation of the same extension does not rebuild it.
     assert ext_first.compile_s > 5 and ext_cached.compile_s < ext_first.compile_s / 3, (ext_first.compile_s,
                                                                                         ext_cached.compile_s)
-    assert cupy_cached.compile_s <= cupy_first.compile_s
+    assert cupy_cached.compile_s <= cupy_first.compile_s + 0.5  # NVRTC output cached by CuPy (small either way)
 
 
 @pytest.mark.gpu

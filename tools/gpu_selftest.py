@@ -141,6 +141,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=".")
     p.add_argument("--skip-tests", action="store_true")
+    p.add_argument("--skip-trimul", action="store_true")
     p.add_argument("--tests", nargs="*", default=HARNESS_TESTS)
     args = p.parse_args()
     import torch
@@ -153,7 +154,8 @@ def main() -> int:
     if not args.skip_tests:
         report["tests"] = run_tests(args.tests)
     calibrate(report["calibration"])
-    trimul(report)
+    if not args.skip_trimul:
+        trimul(report)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "selftest.json").write_text(json.dumps(report, indent=1, default=str))
