@@ -473,10 +473,11 @@ def main() -> None:
     # Its listener socket lives in a temp dir; a long TMPDIR exceeds AF_UNIX's 107-byte path limit.
     multiprocessing.process.current_process()._config["tempdir"] = cfg["socket_dir"]
     try:
+        load_torch()  # torch does not import triton, so TRITON_INTERPRET can still be set below
+        if cfg["device"] == "auto":
+            cfg["device"] = "cuda" if torch.cuda.is_available() else "cpu"
         if cfg["device"] == "cpu":
             os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
-        load_torch()
-        if cfg["device"] == "cpu":
             torch.set_num_threads(1)  # CPU timings only order candidates; keep them steady
         timer = Timer(cfg["device"])
         reference_module = load_module("ksearch_task_inputs", cfg["reference"])
@@ -491,7 +492,7 @@ def main() -> None:
     except BaseException as e:
         conn.send(("error", "runtime_error", "the candidate's process failed to start:\n" + describe(e, cfg["candidate"])))
         return
-    conn.send(("ready", compile_s, {"network_isolated": network}))
+    conn.send(("ready", compile_s, {"network_isolated": network, "device": cfg["device"]}))
     Runner(conn, cfg, reference_module, entry, timer).serve()
 
 

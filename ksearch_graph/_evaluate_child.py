@@ -90,7 +90,7 @@ sys.path.insert(0, HERE)
 import _candidate_runner as rl  # noqa: E402
 from _candidate_runner import Failure, as_tensors, clip, describe, derive_seed, load_module, progress  # noqa: E402
 
-torch = rl.load_torch()
+torch = None  # imported in evaluate(), after the candidate's process has been started (both imports overlap)
 
 SEED_ENV = "KSEARCH_EVAL_SEED"
 RESULT_KEY_ENV = "KSEARCH_RESULT_KEY"  # signs the result file, so a forged or overwritten one is recognised
@@ -550,6 +550,8 @@ class Judge:
 
         t0 = time.perf_counter()
         _, compile_s, runner_info = runner.request(None, args.compile_timeout_s, "compiling (importing) the candidate")
+        if runner_info.pop("device") != DEVICE:
+            raise Failure("runtime_error", "the candidate's process and the judge see different devices")
         self.phases["waiting_for_compile"] = time.perf_counter() - t0
         result["compile_s"] = compile_s
         result["environment"].update(runner_info)
@@ -633,34 +635,38 @@ def geomean(values: list[float]) -> float:
 
 def evaluate(args, result: dict) -> None:
     """Fill ``result`` in place; raise Failure for a candidate that does not pass."""
-    global DEVICE
-    if torch.cuda.is_available():
-        DEVICE = "cuda"
-    else:
-        # CPU timings only order candidates, so make them steady: on a busy machine an OpenMP barrier waiting
-        # for a descheduled worker thread adds a whole scheduler tick (~8 ms) to a 10 us torch call.
-        torch.set_num_threads(1)
-    result["environment"] = environment()
-    result["timing_representative"] = DEVICE == "cuda"
+    global DEVICE, torch
     task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
     root = os.path.abspath(args.candidate)
     form = candidate_form(task, root)
-    if DEVICE != "cuda" and (form == "torch_extension" or task["language"] in ("cuda", "cupy")):
-        raise Failure("unavailable", f"this task's candidates are {task['language']} code and this machine has no "
-                      "CUDA GPU")
-
+    # Start the candidate's process first: its torch import (seconds) then overlaps ours. It picks its device the
+    # way we do below, and says which in its "ready".
     private_tmp = os.environ.get("TMPDIR") or "/tmp"
     cfg = {"candidate": root, "reference": os.path.join(os.path.abspath(args.task), task["reference"]),
            "solution_file": task["solution_file"], "entry_point": task["entry_point"], "kind": task["entry_kind"],
-           "form": form, "device": DEVICE, "cache": args.cache_dir, "judge_pid": os.getpid(),
+           "form": form, "device": "auto", "cache": args.cache_dir, "judge_pid": os.getpid(),
            "isolate_network": not args.no_network_isolation, "authkey": _authkey(),
            "socket_dir": tempfile.mkdtemp(prefix="ksr-", dir="/tmp")}
-    judge = Judge(args, task, result)  # pops the seed from the environment before the runner starts
     t0 = time.perf_counter()
     runner = RunnerProcess(cfg, os.path.join(private_tmp, "candidate.log"), runner_env(private_tmp),
                            args.memory_limit_gb)
-    judge.phases["spawn"] = time.perf_counter() - t0
+    spawn_s = time.perf_counter() - t0
+    judge = None
     try:
+        torch = rl.load_torch()
+        if torch.cuda.is_available():
+            DEVICE = "cuda"
+        else:
+            # CPU timings only order candidates, so make them steady: on a busy machine an OpenMP barrier waiting
+            # for a descheduled worker thread adds a whole scheduler tick (~8 ms) to a 10 us torch call.
+            torch.set_num_threads(1)
+        result["environment"] = environment()
+        result["timing_representative"] = DEVICE == "cuda"
+        if DEVICE != "cuda" and (form == "torch_extension" or task["language"] in ("cuda", "cupy")):
+            raise Failure("unavailable", f"this task's candidates are {task['language']} code and this machine has "
+                          "no CUDA GPU")
+        judge = Judge(args, task, result)
+        judge.phases["spawn"] = spawn_s
         judge.run(runner)
     except Failure as f:
         if f.status in ("runtime_error", "timeout") and DEVICE == "cuda":
@@ -673,7 +679,8 @@ def evaluate(args, result: dict) -> None:
         import shutil
 
         shutil.rmtree(cfg["socket_dir"], ignore_errors=True)
-        result["phases"] = {k: round(v, 4) for k, v in judge.phases.items()}
+        if judge is not None:
+            result["phases"] = {k: round(v, 4) for k, v in judge.phases.items()}
 
 
 def _authkey() -> str:
