@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +20,29 @@ from fake_openai_server import FakeOpenAIServer, Reply, fake_openai  # noqa: E40
 
 REPO = Path(__file__).resolve().parent.parent
 SOFTMAX = REPO / "examples" / "softmax"
+
+
+def load_module(name: str, path: Path):
+    """Import a file as module ``name`` (registered in sys.modules: Triton's JIT looks modules up by name)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def task_modules(root: Path, prefix: str, template_configs: dict[str, dict], tmp_root: Path) -> dict:
+    """A task's reference, baseline and seed, and its template rendered with each of ``template_configs``."""
+    from ksearch_graph.task import load_task
+    from ksearch_graph.template import render_template
+
+    task = load_task(root)
+    mods = {name: load_module(f"{prefix}_{name}", root / f"{name}.py") for name in ("reference", "baseline", "seed")}
+    for label, params in template_configs.items():
+        path = tmp_root / f"{prefix}_template_{label}.py"
+        path.write_text(render_template(task, params)[task.spec.solution_file])
+        mods[f"template_{label}"] = load_module(path.stem, path)
+    return mods
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ flashinfer-bench's own pydantic models (the `dev` extra installs flashinfer-benc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -28,6 +27,7 @@ from ksearch_graph.flashinfer_trace import (
     workload_uuid,
 )
 from ksearch_graph.task import TaskError, load_task
+from conftest import load_module
 
 DATA = REPO / "tests" / "data" / "flashinfer_trace"
 DEFINITION = DATA / "definitions" / "rmsnorm" / "rmsnorm_h64.json"
@@ -68,11 +68,6 @@ def run(hidden_states, weight, eps):
 '''
 
 
-def _module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +100,7 @@ def test_materialised_task_loads(task_folder):
 
 def test_make_inputs_and_reference(task_folder):
     task = load_task(task_folder)
-    ref = _module(task_folder / "reference.py", "fi_reference")
+    ref = load_module("fi_reference", task_folder / "reference.py")
     fi_def = FIDefinition.model_validate_json(DEFINITION.read_text())  # flashinfer-bench's own reading of it
     for w in task.spec.workloads:
         inputs = ref.make_inputs(w.params, 5, "cpu")
@@ -234,7 +229,7 @@ def test_reference_that_uses_our_names_runs_in_its_own_namespace(tmp_path):
             "    return {'inv_rms': out.sum(-1), 'output': out.to(hidden_states.dtype)}\n")
     path = _edit_definition(root, lambda d: d.update(reference=code))
     folder = materialise_definition(path, tmp_path / "task")
-    ref = _module(folder / "reference.py", "fi_namespaced")
+    ref = load_module("fi_namespaced", folder / "reference.py")
     x = torch.randn(3, 64).bfloat16()
     out, inv = ref.reference(x, torch.ones(64).bfloat16(), 1e-6)  # a dict result comes back in output order
     assert torch.equal(out, x) and inv.shape == (3,)

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,16 +11,11 @@ from conftest import REPO, run_cli
 
 from ksearch_graph.kernelbench import SEED_FILE, materialise_problem, rename_model
 from ksearch_graph.task import TaskError, load_task
+from conftest import load_module
 
 PROBLEM = REPO / "tests" / "data" / "kernelbench" / "1_Linear_ReLU.py"
 
 
-def _module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +41,7 @@ def test_materialised_task_loads(task_folder):
 
 
 def test_make_inputs_is_deterministic_and_reference_matches(task_folder):
-    ref = _module(task_folder / "reference.py", "kb_reference")
+    ref = load_module("kb_reference", task_folder / "reference.py")
     init, state, x = ref.make_inputs({}, 11, "cpu")
     init2, state2, x2 = ref.make_inputs({}, 11, "cpu")
     _, state3, x3 = ref.make_inputs({}, 12, "cpu")
@@ -63,7 +56,7 @@ def test_make_inputs_is_deterministic_and_reference_matches(task_folder):
     want = torch.relu(x @ state["linear.weight"].T + state["linear.bias"])
     assert torch.allclose(model(x), want, atol=1e-6)
 
-    seed = _module(task_folder / SEED_FILE, "kb_seed")
+    seed = load_module("kb_seed", task_folder / SEED_FILE)
     candidate = seed.ModelNew(*init)
     candidate.load_state_dict(state, strict=True)
     assert torch.equal(candidate(x), model(x))

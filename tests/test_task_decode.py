@@ -8,11 +8,9 @@ CPU tests run the Triton kernels in Triton's interpreter (on a machine without C
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import torch
 from ksearch_graph.evaluation import Status, SubprocessEvaluator
 from ksearch_graph.task import load_task
 from ksearch_graph.template import default_params, render_template
+from conftest import load_module, task_modules
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ROOTS = {
@@ -45,12 +44,6 @@ def triton_interpreter_without_gpu():
         yield
 
 
-def load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # Triton's JIT looks the module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -64,14 +57,7 @@ _MODULES: dict = {}
 def modules(kind: str, tmp_root: Path) -> dict:
     """reference, baseline, seed and a few template renderings of a task, loaded once."""
     if kind not in _MODULES:
-        task = load_task(ROOTS[kind])
-        mods = {name: load_module(f"decode_{kind}_{name}", ROOTS[kind] / f"{name}.py")
-                for name in ("reference", "baseline", "seed")}
-        for label, params in TEMPLATE_CONFIGS.items():
-            path = tmp_root / f"decode_{kind}_template_{label}.py"
-            path.write_text(render_template(task, params)[task.spec.solution_file])
-            mods[f"template_{label}"] = load_module(path.stem, path)
-        _MODULES[kind] = mods
+        _MODULES[kind] = task_modules(ROOTS[kind], f"decode_{kind}", TEMPLATE_CONFIGS, tmp_root)
     return _MODULES[kind]
 
 

@@ -10,11 +10,9 @@ reference against float64 and the implementations against the reference at the r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,7 +21,8 @@ import torch
 
 from ksearch_graph.evaluation import Status, SubprocessEvaluator
 from ksearch_graph.task import load_task
-from ksearch_graph.template import default_params, render_template
+from ksearch_graph.template import default_params
+from conftest import task_modules
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PREFILL = EXAMPLES / "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
@@ -48,12 +47,6 @@ def cpu_setup():
     torch.set_num_threads(threads)
 
 
-def load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # Triton's JIT looks the module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 _MODULES: dict = {}
@@ -63,13 +56,7 @@ def mods(which: str, tmp_root: Path) -> dict:
     """reference, baseline, seed and template renderings of a task, loaded once (after cpu_setup ran)."""
     if which not in _MODULES:
         root = PREFILL if which == "prefill" else MOE
-        task = load_task(root)
-        out = {name: load_module(f"{which}_{name}", root / f"{name}.py") for name in ("reference", "baseline", "seed")}
-        for label, params in TEMPLATE_CONFIGS[which].items():
-            path = tmp_root / f"{which}_template_{label}.py"
-            path.write_text(render_template(task, params)[task.spec.solution_file])
-            out[f"template_{label}"] = load_module(path.stem, path)
-        _MODULES[which] = out
+        _MODULES[which] = task_modules(root, which, TEMPLATE_CONFIGS[which], tmp_root)
     return _MODULES[which]
 
 
