@@ -294,7 +294,8 @@ def isolate_network() -> str:
     return "yes"
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
+    """SIGKILL when ``parent`` dies (Linux), and exit now if it already has: no GPU kept busy for nobody."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
@@ -460,7 +461,7 @@ def main() -> None:
     p.add_argument("--config", required=True)
     args = p.parse_args()
     cfg = json.loads(args.config)
-    _die_with_parent(cfg["judge_pid"])
+    die_with_parent(cfg["judge_pid"])
     network = isolate_network() if cfg["isolate_network"] else "no (disabled)"
     from multiprocessing.connection import Connection
 

@@ -47,21 +47,6 @@ import time
 import traceback
 
 
-def _die_with_parent() -> None:
-    """If the search process is killed (kill -9, OOM), do not keep a GPU busy for nobody."""
-    parent = os.environ.get("KSEARCH_PARENT_PID")
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != int(parent):
-        os._exit(1)
-
-
 def _harden() -> None:
     """Linux process flags, set before anything else runs.
 
@@ -81,14 +66,15 @@ def _harden() -> None:
         pass
 
 
-if __name__ == "__main__":
-    _harden()
-    _die_with_parent()  # before the slow torch import: a search killed meanwhile takes us along at once
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import _candidate_runner as rl  # noqa: E402
+import _candidate_runner as rl  # noqa: E402  (no heavy imports: torch comes later)
 from _candidate_runner import Failure, as_tensors, clip, describe, derive_seed, load_module, progress  # noqa: E402
+
+if __name__ == "__main__":
+    _harden()
+    if os.environ.get("KSEARCH_PARENT_PID"):  # before the slow torch import: a killed search takes us along at once
+        rl.die_with_parent(int(os.environ["KSEARCH_PARENT_PID"]))
 
 torch = None  # imported in evaluate(), after the candidate's process has been started (both imports overlap)
 
