@@ -128,18 +128,27 @@ def plain(value):
 
 
 def fingerprint(value) -> list:
-    """A cheap content summary computed on the device: equal inputs give equal fingerprints in both processes."""
-    out = []
+    """A cheap content summary computed on the device: equal inputs give equal fingerprints in both processes.
+
+    The sums stay on the device until the end: one wait for the device per fingerprint, not two per tensor.
+    """
+    out, sums = [], []
     for t in _leaves(value):
         if isinstance(t, torch.Tensor):
-            flat, total, total_abs = t.detach().reshape(-1), 0.0, 0.0
+            flat = t.detach().reshape(-1)
+            acc = torch.zeros(2, dtype=torch.float64, device=t.device)
             for lo in range(0, flat.numel(), 1 << 26):  # in chunks: float64 copies of MoE weights would be 7.5 GB
-                d = torch.nan_to_num(flat[lo:lo + (1 << 26)].to(torch.float64), nan=7.0, posinf=11.0, neginf=-13.0)
-                total += float(d.sum())
-                total_abs += float(d.abs().sum())
-            out.append((tuple(t.shape), str(t.dtype), total, total_abs))
+                d = flat[lo:lo + (1 << 26)].to(torch.float64, copy=True)  # a copy: changed in place below
+                if t.is_floating_point():
+                    d = torch.nan_to_num_(d, nan=7.0, posinf=11.0, neginf=-13.0)
+                acc[0] += d.sum()
+                acc[1] += d.abs_().sum()
+            sums.append((len(out), acc))
+            out.append((tuple(t.shape), str(t.dtype)))
         else:
             out.append(repr(t))
+    for i, acc in sums:
+        out[i] = (*out[i], *acc.tolist())
     return out
 
 
@@ -415,7 +424,7 @@ class Runner:
         self.held = None
         try:
             inputs = self.make_inputs(params, seed, self.device)
-            before = fingerprint(inputs)
+            before = fingerprint(inputs) if op == "call" else None
             fn, args = prepare(self.entry, inputs, self.cfg["kind"], self.device)
         except BaseException as e:
             self.conn.send(("error", "runtime_error", f"workload {workload}: generating its inputs failed:\n"
@@ -452,6 +461,10 @@ class Runner:
         return tuple(copies) if isinstance(out, (list, tuple)) else copies[0]
 
 
+def start_failure(exc: BaseException, cfg: dict) -> tuple:
+    return "error", "runtime_error", "the candidate's process failed to start:\n" + describe(exc, cfg["candidate"])
+
+
 def main() -> None:
     import argparse
     import json
@@ -482,6 +495,15 @@ def main() -> None:
             torch.set_num_threads(1)  # CPU timings only order candidates; keep them steady
         timer = Timer(cfg["device"])
         reference_module = load_module("ksearch_task_inputs", cfg["reference"])
+    except BaseException as e:
+        conn.send(start_failure(e, cfg))
+        return
+    # No candidate code has run yet. The judge may now time the reference on an otherwise idle device; it says
+    # "import" when done, and only then does candidate code run (its import could leave work running on the GPU).
+    conn.send(("loaded", {"network_isolated": network, "device": cfg["device"]}))
+    if conn.recv()[0] != "import":
+        return
+    try:
         sys.path[0] = cfg["candidate"]  # was the harness's folder; candidates may import their own helper modules
         progress("import candidate")
         t0 = time.perf_counter()
@@ -491,9 +513,9 @@ def main() -> None:
         conn.send(("error", f.status, f.message))
         return
     except BaseException as e:
-        conn.send(("error", "runtime_error", "the candidate's process failed to start:\n" + describe(e, cfg["candidate"])))
+        conn.send(start_failure(e, cfg))
         return
-    conn.send(("ready", compile_s, {"network_isolated": network, "device": cfg["device"]}))
+    conn.send(("ready", compile_s))
     Runner(conn, cfg, reference_module, entry, timer).serve()
 
 

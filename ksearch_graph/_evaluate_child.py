@@ -2,7 +2,7 @@
 
     python _evaluate_child.py --task TASK_DIR --candidate CANDIDATE_DIR --out RESULT.json
         [--workloads NAME,NAME] [--seeds-from-env] [--time-budget-s S] [--compile-timeout-s S]
-        [--call-timeout-s S] [--cache-dir DIR] [--lock-dir DIR] [--no-network-isolation]
+        [--call-timeout-s S] [--cache-dir DIR] [--lock-dir DIR] [--no-network-isolation] [--timings-from-stdin]
 
 Standalone on purpose (stdlib + torch, never ksearch_graph): this file and ``_candidate_runner.py`` are what a GPU
 host needs. ``tools/evaluate_candidate.py`` runs it from a checkout.
@@ -15,8 +15,11 @@ memory on CPU), and the judge compares on the device. Expected outputs, the base
 candidate code cannot reach them: not through the garbage collector, not by patching torch, not in freed memory.
 
 Order of work:
-1. Start the runner (it imports torch and the candidate: compile time, under its own time limit). Meanwhile time the
-   reference (and the task's baseline) on fresh inputs, holding this GPU's timing lock.
+1. Start the runner: it imports torch while we do, then waits. On a GPU, time the reference (and the task's baseline)
+   on fresh inputs now, holding this GPU's timing lock, while no candidate code has run (work a candidate's import
+   leaves running would slow the reference and inflate the candidate's speedup). Timings of an earlier evaluation of
+   the same session are reused when the parent passes them (``--timings-from-stdin``): same task code, same GPU.
+   Then the runner imports the candidate (compile time, under its own limit).
 2. Correctness: every workload, ``correctness_seeds`` input sets each, derived from a base seed drawn per evaluation.
    Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
 3. Timing of the timed workloads, holding the GPU's timing lock: every timed call on a freshly generated input set,
@@ -126,13 +129,6 @@ class RunnerProcess:
         theirs.close()
         self.conn = Connection(ours.detach())
         self.phase = "start-up"
-
-    def answered(self) -> bool:
-        """Whether the runner has said something we have not read yet (its "ready", or its failure)."""
-        try:
-            return self.conn.poll(0)
-        except OSError:
-            return True
 
     def request(self, msg: tuple | None, timeout_s: float, phase: str) -> tuple:
         self.phase = phase
@@ -250,10 +246,11 @@ def same(a, b) -> bool:
             b = b.to(a.device)
         if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             a, b = a.view(torch.uint8), b.view(torch.uint8)  # compare the bits; fp8 has few ops
-        equal = a == b
-        if a.is_floating_point() or a.is_complex():
-            equal |= a.isnan() & b.isnan()
-        return bool(equal.all())
+        if torch.equal(a, b):
+            return True
+        if not (a.is_floating_point() or a.is_complex()):
+            return False
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())  # NaN where NaN was is unchanged
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
@@ -288,49 +285,81 @@ def compare(out, expected: list, tol: dict) -> tuple[str | None, str, float, flo
 
 
 def _compare_values(name: str, o, r, shape: tuple, tol: dict) -> tuple[str | None, float, float]:
-    """Elementwise tolerance on the device, in float64, a chunk at a time: (failure, max abs, max rel error)."""
+    """Elementwise tolerance on the device, a chunk at a time: (failure, max abs, max rel error).
+
+    Floats of 32 bits and fewer are compared in float32 (exact for bf16/fp16/fp8 values; the rounding of a
+    difference is far below any tolerance), everything else in float64. The statistics stay on the device until
+    the end: a 3 GB output costs one wait for the device and about ten passes over its memory, not ten waits.
+    """
     n = o.numel()
     if n == 0:
         return None, 0.0, 0.0
-    bad = special = 0
-    first_special = None
-    max_err, max_at, max_rel = 0.0, 0, 0.0
-    diff2 = ref2 = 0.0
+    narrow = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
+    work = torch.float32 if o.dtype in narrow and r.dtype in narrow else torch.float64
+    stats = torch.zeros(5, dtype=torch.float64, device=o.device)  # bad, non-finite, sum err^2, sum ref^2, max rel
+    max_err = torch.full((1,), -1.0, dtype=work, device=o.device)
+    max_at = torch.zeros(1, dtype=torch.int64, device=o.device)
     for lo in range(0, n, COMPARE_CHUNK):
-        oc = o[lo:lo + COMPARE_CHUNK].to(torch.float64)
-        rc = r[lo:lo + COMPARE_CHUNK].to(torch.float64)
-        sp = (oc.isnan() != rc.isnan()) | (oc.isposinf() != rc.isposinf()) | (oc.isneginf() != rc.isneginf())
-        count = int(sp.sum())
-        if count:
-            special += count
-            if first_special is None:
-                first_special = lo + int(sp.nonzero()[0])
-        finite = oc.isfinite() & rc.isfinite()
-        err = torch.where(finite, (oc - rc).abs(), torch.zeros_like(oc))
-        bad += int((finite & (err > tol["atol"] + tol["rtol"] * rc.abs())).sum())
+        oc, rc = o[lo:lo + COMPARE_CHUNK].to(work), r[lo:lo + COMPARE_CHUNK].to(work)
+        nonfinite = torch.isfinite(oc).logical_and_(torch.isfinite(rc)).logical_not_()
+        stats[1] += nonfinite.sum()
+        err = torch.sub(oc, rc).abs_().masked_fill_(nonfinite, 0.0)  # where either is NaN/Inf: checked apart
+        abs_ref = rc.abs()
+        stats[0] += (err > abs_ref * tol["rtol"] + tol["atol"]).sum()
         chunk_max, at = err.max(dim=0)
-        if float(chunk_max) > max_err:
-            max_err, max_at = float(chunk_max), lo + int(at)
-        significant = finite & (rc.abs() >= 1e-6)
-        if bool(significant.any()):
-            max_rel = max(max_rel, float((err[significant] / rc[significant].abs()).max()))
-        diff2 += float(err.square().sum())
-        ref2 += float(torch.where(finite, rc, torch.zeros_like(rc)).square().sum())
+        better = chunk_max > max_err
+        max_err = torch.where(better, chunk_max, max_err)
+        max_at = torch.where(better, at + lo, max_at)
+        # Relative error where the reference is not tiny (elsewhere only atol is meaningful).
+        rel = err / torch.where(abs_ref >= 1e-6, abs_ref, torch.inf)
+        stats[4] = torch.maximum(stats[4], rel.max().to(torch.float64))
+        stats[2] += torch.dot(err, err)
+        abs_ref.masked_fill_(nonfinite, 0.0)
+        stats[3] += torch.dot(abs_ref, abs_ref)
+    bad, nonfinite_count, diff2, ref2, max_rel = stats.tolist()
+    max_err, max_at = float(max_err), int(max_at)
+    if not (math.isfinite(diff2) and math.isfinite(ref2)):  # float32 squares overflowed: redo them in float64
+        diff2 = ref2 = 0.0
+        for lo in range(0, n, COMPARE_CHUNK):
+            oc, rc = o[lo:lo + COMPARE_CHUNK].to(torch.float64), r[lo:lo + COMPARE_CHUNK].to(torch.float64)
+            finite = oc.isfinite() & rc.isfinite()
+            diff2 += float(torch.where(finite, oc - rc, 0.0).square().sum())
+            ref2 += float(torch.where(finite, rc, 0.0).square().sum())
 
     def show(i: int) -> str:
         return f"{index_of(i, shape)} (got {o[i].item():.6g}, expected {r[i].item():.6g})"
 
-    if special:
-        return (f"{name}: NaN/Inf pattern differs from the reference at {special} of {n} elements "
-                f"(first at {show(first_special)})"), math.inf, math.inf
+    if nonfinite_count:
+        failure = _special_mismatch(name, o, r, show)
+        if failure:
+            return failure, math.inf, math.inf
     if 1.0 - bad / n < tol["matched_ratio"]:
-        return (f"{name}: {bad} of {n} elements outside atol={tol['atol']:g}, rtol={tol['rtol']:g}; "
+        return (f"{name}: {int(bad)} of {n} elements outside atol={tol['atol']:g}, rtol={tol['rtol']:g}; "
                 f"max abs error {max_err:.4g} at {show(max_at)}"), max_err, max_rel
     if ref2 > 0 and math.sqrt(diff2 / ref2) > TRIVIAL_REL_L2:
         # Every element is within atol only because the reference's values are small against it (zeros pass).
         return (f"{name}: within the elementwise tolerance, but its relative L2 error is "
                 f"{math.sqrt(diff2 / ref2):.3g}: the output does not follow the reference"), max_err, max_rel
     return None, max_err, max_rel
+
+
+def _special_mismatch(name: str, o, r, show) -> str | None:
+    """Where output or reference is NaN or Inf, both must be: the same infinity, or both NaN."""
+    special, first = 0, None
+    for lo in range(0, o.numel(), COMPARE_CHUNK):
+        oc, rc = o[lo:lo + COMPARE_CHUNK], r[lo:lo + COMPARE_CHUNK]
+        if oc.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            oc, rc = oc.float(), rc.float()
+        differs = (oc.isnan() != rc.isnan()) | (oc.isposinf() != rc.isposinf()) | (oc.isneginf() != rc.isneginf())
+        count = int(differs.sum())
+        if count:
+            special += count
+            if first is None:
+                first = lo + int(differs.nonzero()[0])
+    if special:
+        return (f"{name}: NaN/Inf pattern differs from the reference at {special} of {o.numel()} elements "
+                f"(first at {show(first)})")
+    return None
 
 
 # --- the evaluation -----------------------------------------------------------------------------------------------
@@ -392,12 +421,15 @@ def environment() -> dict:
 
 
 def _driver_version() -> str | None:
+    """The kernel driver's version from /proc (nvidia-smi would cost about a second of every evaluation)."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.split()
-        return out[0] if out else None
-    except (OSError, subprocess.TimeoutExpired):
+        with open("/proc/driver/nvidia/version") as f:
+            words = f.readline().split()
+    except OSError:
         return None
+    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue ..." (the open kernel module says "Open Kernel
+    # Module" instead): the first word that looks like a version.
+    return next((w for w in words if w[:1].isdigit() and "." in w), None)
 
 
 def runner_env(private_tmp: str) -> dict:
@@ -409,7 +441,7 @@ def runner_env(private_tmp: str) -> dict:
 
 
 class Judge:
-    def __init__(self, args, task: dict, result: dict):
+    def __init__(self, args, task: dict, result: dict, cached: dict):
         self.args, self.task, self.result = args, task, result
         self.tol = task["tolerance"]
         self.base_seed = int(os.environ.pop(SEED_ENV)) if args.seeds_from_env else secrets.randbits(62)
@@ -421,7 +453,12 @@ class Judge:
         if task["baseline"]:
             base = load_module("ksearch_baseline", os.path.join(args.task, task["baseline"]))
             self.baseline = getattr(base, task["entry_point"])
-        self.phases = {"reference": 0.0, "correctness": 0.0, "timing": 0.0, "waiting_for_compile": 0.0}
+        self.phases = {"waiting_for_runner": 0.0, "reference_timing": 0.0, "waiting_for_compile": 0.0,
+                       "reference": 0.0, "correctness": 0.0, "timing": 0.0, "checks": 0.0}
+        self.timings_key = timings_key(args.task, task)
+        self.cached = cached if isinstance(cached, dict) and cached.get("key") == self.timings_key else {}
+        self.measured = {}  # reference/baseline timings measured here, for the parent to reuse
+        self.ref_timing, self.base_timing, self.reused = {}, {}, 0
 
     def inputs(self, w: dict, seed: int):
         return self.ref.make_inputs(w["params"], seed, DEVICE)
@@ -470,9 +507,12 @@ class Judge:
             last = rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs)
             if len(times) == 1 or last or self.rng.random() < CHECK_PROBABILITY:
                 _, out, got_inputs, _, _, _ = runner.request(("send",), self.args.call_timeout_s, where)
+                t1 = time.perf_counter()
                 pristine = self.inputs(w, seed)
-                self.check(out, got_inputs, pristine, self.reference(pristine),
-                           f"{where} {len(times)} (passed the correctness check)")
+                expected = self.reference(pristine)
+                self.phases["reference"] += time.perf_counter() - t1
+                self.check(out, got_inputs, pristine, expected, f"{where} {len(times)} (passed the correctness check)")
+                del expected
                 del out, got_inputs, pristine
             else:
                 runner.send(("drop",))
@@ -491,9 +531,13 @@ class Judge:
 
     def check(self, out, got_inputs, pristine, expected, where: str, row: dict | None = None) -> tuple[float, float]:
         """Inputs unchanged and output right; the errors go into ``row`` (the workload's result) either way."""
-        if not same(pristine, got_inputs):
+        t0 = time.perf_counter()
+        unchanged = same(pristine, got_inputs)
+        if unchanged:
+            status, message, max_err, max_rel = compare(out, expected, self.tol)
+        self.phases["checks"] += time.perf_counter() - t0
+        if not unchanged:
             raise Failure("suspicious", f"{where}: the candidate wrote into its input tensors")
-        status, message, max_err, max_rel = compare(out, expected, self.tol)
         if row is not None and (status or max_err > (row.get("max_abs_error") or 0.0)):
             finite = lambda v: v if math.isfinite(v) else None  # noqa: E731  (JSON has no infinity)
             row.update(max_abs_error=finite(max_err), max_rel_error=finite(max_rel))
@@ -508,39 +552,60 @@ class Judge:
 
     # -- the whole evaluation -------------------------------------------------------------------------------------
 
+    def time_reference(self, w: dict) -> None:
+        """Reference (and baseline) timing of one workload: reused from an earlier evaluation of this session on
+        this GPU when the parent passed one, else measured now."""
+        name = w["name"]
+        if name in self.ref_timing:
+            return
+        cached = self.cached.get("workloads", {}).get(name)
+        if cached and cached["params"] == w["params"] and ("baseline" in cached) == (self.baseline is not None):
+            self.ref_timing[name] = cached["reference"]
+            if self.baseline is not None:
+                self.base_timing[name] = cached["baseline"]
+            self.reused += 1
+            return
+        t0 = time.perf_counter()
+        try:
+            progress(f"reference timing {name}")
+            entry = {"params": w["params"], "reference": self.time_local(self.ref.reference, w, "reference")}
+            if self.baseline is not None:
+                progress(f"baseline timing {name}")
+                entry["baseline"] = self.time_local(self.baseline, w, "baseline")
+        except Exception as e:
+            raise Failure("runtime_error", "the task's reference or baseline failed (a task bug, not the "
+                          "candidate's):\n" + describe(e, os.path.abspath(self.args.task))) from None
+        self.ref_timing[name] = entry["reference"]
+        if "baseline" in entry:
+            self.base_timing[name] = entry["baseline"]
+        self.measured[name] = entry
+        self.phases["reference_timing"] += time.perf_counter() - t0
+
     def run(self, runner: RunnerProcess) -> None:
         task, result, args = self.task, self.result, self.args
         timed = [w for w in task["workloads"] if w["timed"]]
-        ref_timing, base_timing = {}, {}
+        ref_timing, base_timing = self.ref_timing, self.base_timing
 
-        def time_reference(w: dict) -> None:
-            try:
-                progress(f"reference timing {w['name']}")
-                ref_timing[w["name"]] = self.time_local(self.ref.reference, w, "reference")
-                if self.baseline is not None:
-                    progress(f"baseline timing {w['name']}")
-                    base_timing[w["name"]] = self.time_local(self.baseline, w, "baseline")
-            except Exception as e:
-                raise Failure("runtime_error", "the task's reference or baseline failed (a task bug, not the "
-                              "candidate's):\n" + describe(e, os.path.abspath(args.task))) from None
-
-        # 1. While the runner imports the candidate, time the reference (and baseline); stop as soon as it answers,
-        # so a candidate that fails to compile costs no more reference timing than its import took.
+        # 1. The candidate's process has imported torch (while we did) and waits; no candidate code has run yet.
         t0 = time.perf_counter()
-        with timing_lock(args.lock_dir):
-            for w in timed:
-                if runner.answered() or DEVICE == "cpu":  # on CPU both processes would share the cores
-                    break
-                time_reference(w)
-        self.phases["reference_timing"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        _, compile_s, runner_info = runner.request(None, args.compile_timeout_s, "compiling (importing) the candidate")
+        _, runner_info = runner.request(None, args.compile_timeout_s, "starting the candidate's process")
         if runner_info.pop("device") != DEVICE:
             raise Failure("runtime_error", "the candidate's process and the judge see different devices")
+        result["environment"].update(runner_info)
+        self.phases["waiting_for_runner"] = time.perf_counter() - t0
+
+        # 2. On a GPU, time the reference (and baseline) now, while nothing else runs on the device: once the
+        # candidate is imported, work it leaves running could slow the reference down and inflate its speedup.
+        # (On CPU this waits until the candidate has passed: its timings only order candidates.)
+        if DEVICE == "cuda":
+            with timing_lock(args.lock_dir):
+                for w in timed:
+                    self.time_reference(w)
+
+        t0 = time.perf_counter()
+        _, compile_s = runner.request(("import",), args.compile_timeout_s, "compiling (importing) the candidate")
         self.phases["waiting_for_compile"] = time.perf_counter() - t0
         result["compile_s"] = compile_s
-        result["environment"].update(runner_info)
 
         # 2. Correctness on every workload first, so a failing candidate costs no timing.
         results = {}
@@ -577,16 +642,14 @@ class Judge:
 
         # 3. Timing.
         notes = []
-        t0 = time.perf_counter()
         with timing_lock(args.lock_dir):
             for w in timed:
                 name = w["name"]
-                if name not in ref_timing:
-                    t1 = time.perf_counter()
-                    time_reference(w)
-                    self.phases["reference_timing"] += time.perf_counter() - t1
+                self.time_reference(w)  # on a GPU: done in step 2
                 progress(f"timing {name}")
+                t0 = time.perf_counter()
                 times, more = self.time_candidate(runner, w, ref_timing[name]["tail"])
+                self.phases["timing"] += time.perf_counter() - t0
                 notes += more
                 mean = statistics.fmean(times)
                 ref_us = statistics.fmean(ref_timing[name]["times"])
@@ -596,7 +659,11 @@ class Judge:
                 if name in base_timing:
                     base_us = statistics.fmean(base_timing[name]["times"])
                     results[name].update(baseline_us=base_us, speedup_vs_baseline=base_us / mean)
-        self.phases["timing"] = time.perf_counter() - t0
+        if self.measured:
+            result["reference_timings"] = {"key": self.timings_key, "workloads": self.measured}
+        result["environment"]["reference_timing"] = (
+            "measured in this evaluation" if not self.reused else
+            f"{self.reused} of {len(timed)} workloads reused from an earlier evaluation on this GPU")
 
         rows = [results[w["name"]] for w in timed]
         result["status"] = "passed"
@@ -619,7 +686,22 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def evaluate(args, result: dict) -> None:
+def timings_key(task_dir: str, task: dict) -> str:
+    """What reference and baseline timings depend on besides the workload: the task's code, the GPU, the versions.
+    Timings passed in under another key (the task was edited, another GPU) are measured again."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for rel in (task["reference"], task["baseline"]):
+        if rel:
+            with open(os.path.join(task_dir, rel), "rb") as f:
+                digest.update(f.read() + b"\0")
+    gpu = str(torch.cuda.get_device_properties(0).uuid) if DEVICE == "cuda" else platform.node()
+    digest.update(f"{gpu}:{torch.__version__}:{DEVICE}".encode())
+    return digest.hexdigest()[:32]
+
+
+def evaluate(args, result: dict, cached_timings: dict) -> None:
     """Fill ``result`` in place; raise Failure for a candidate that does not pass."""
     global DEVICE, torch
     task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
@@ -639,6 +721,7 @@ def evaluate(args, result: dict) -> None:
     spawn_s = time.perf_counter() - t0
     judge = None
     try:
+        t0 = time.perf_counter()
         torch = rl.load_torch()
         if torch.cuda.is_available():
             DEVICE = "cuda"
@@ -651,8 +734,9 @@ def evaluate(args, result: dict) -> None:
         if DEVICE != "cuda" and (form == "torch_extension" or task["language"] in ("cuda", "cupy")):
             raise Failure("unavailable", f"this task's candidates are {task['language']} code and this machine has "
                           "no CUDA GPU")
-        judge = Judge(args, task, result)
-        judge.phases["spawn"] = spawn_s
+        imports_s = time.perf_counter() - t0
+        judge = Judge(args, task, result, cached_timings)
+        judge.phases.update(spawn=spawn_s, imports=imports_s)
         judge.run(runner)
     except Failure as f:
         if f.status in ("runtime_error", "timeout") and DEVICE == "cuda":
@@ -728,15 +812,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="host memory (resident) the candidate's process may use before it is killed")
     parser.add_argument("--no-network-isolation", action="store_true",
                         help="do not put the candidate in its own network namespace")
+    parser.add_argument("--timings-from-stdin", action="store_true",
+                        help="read reference/baseline timings of an earlier evaluation (JSON) from stdin and reuse "
+                        "those measured on this GPU for the same task code and workload")
     args = parser.parse_args(argv)
     faulthandler.enable()
     result_key = os.environ.pop(RESULT_KEY_ENV, "")
+    cached_timings = {}
+    if args.timings_from_stdin:  # read before the candidate's process exists
+        try:
+            cached_timings = json.loads(sys.stdin.read() or "{}")
+        except ValueError:
+            cached_timings = {}
 
     start = time.perf_counter()
     result = {"status": "runtime_error", "workloads": [], "score": 0.0, "latency_us": None, "compile_s": 0.0,
               "wall_s": 0.0, "log_excerpt": "", "timing_representative": False, "environment": {}}
     try:
-        evaluate(args, result)
+        evaluate(args, result, cached_timings)
     except Failure as f:
         result["status"], result["log_excerpt"] = f.status, clip(f.message)
     except BaseException as e:  # a harness or task problem

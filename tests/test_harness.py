@@ -237,7 +237,7 @@ def explain(r: EvalResult) -> str:
 def test_honest_candidate_passes_with_phases_and_environment(results):
     r = results["honest"]
     assert r.status == Status.passed, explain(r)
-    assert {"reference", "correctness", "timing", "spawn", "startup"} <= set(r.phases)
+    assert {"reference", "correctness", "timing", "checks", "spawn", "imports", "startup"} <= set(r.phases)
     assert r.environment["network_isolated"].startswith(("yes", "no"))
     assert all(w.timed and w.runs >= 3 for w in r.workloads)
 
@@ -305,6 +305,32 @@ def test_compile_and_call_limits_are_separate(results):
     r = results["hangs_on_second_call"]
     assert r.status == Status.timeout, explain(r)
     assert "input set 2/2" in r.log_excerpt and r.wall_s < 60
+
+
+def test_reference_timings_are_measured_once_per_session(tmp_path):
+    """The evaluator times the reference and baseline in its first evaluation and reuses the figures: every candidate
+    is compared with the same numbers. An edited reference, or reuse switched off, is timed again."""
+    (tmp_path / "baseline.py").write_text("import torch\n\n\ndef scale(x, alpha):\n    return torch.mul(x, alpha)\n")
+    task = write_task(tmp_path, baseline="baseline.py")
+    files = {"kernel.py": HONEST}
+    ev = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all")
+    first, second = (ev.evaluate(task, files, attempt_id=f"reuse{i}") for i in range(2))
+    assert first.passed and second.passed, (explain(first), explain(second))
+    assert first.environment["reference_timing"] == "measured in this evaluation"
+    assert second.environment["reference_timing"] == "2 of 2 workloads reused from an earlier evaluation on this GPU"
+    for a, b in zip(first.workloads, second.workloads):
+        assert (a.reference_us, a.baseline_us) == (b.reference_us, b.baseline_us)
+        assert a.latency_us != b.latency_us  # the candidate itself is timed every time
+    assert "reference_timings" not in second.model_dump()  # plumbing, not part of the record
+
+    (tmp_path / "reference.py").write_text(SCALE_REFERENCE + "\n# edited\n")
+    assert ev.evaluate(load_task(tmp_path), files, attempt_id="edited").environment["reference_timing"] == (
+        "measured in this evaluation")
+
+    never = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all", reuse_reference_timings_s=0)
+    for i in range(2):
+        r = never.evaluate(task, files, attempt_id=f"never{i}")
+        assert r.environment["reference_timing"] == "measured in this evaluation", explain(r)
 
 
 @pytest.mark.skipif(CUDA, reason="checks the CPU-only answer")
