@@ -1,7 +1,7 @@
 """The candidate's process: the only place where candidate code runs. Started and driven by ``_evaluate_child.py``
 (the judge) over a socket; also the home of what both processes share (the timed call, tensor helpers).
 
-    python _candidate_runner.py --fd FD --task TASK_DIR --candidate DIR --config JSON
+    python _candidate_runner.py --fd FD --config JSON
 
 Why a second process: the judge generates inputs from hidden seeds, computes the reference and compares, in a process
 the candidate cannot reach. Nothing the candidate does here (patching torch, walking the garbage collector, reading
@@ -246,7 +246,13 @@ class Timer:
                 self.sync()
 
     def time(self, fn, args) -> tuple:
-        """(output, device us, tail us, host us) of one call."""
+        """(output, device us, escaped us, host us) of one call.
+
+        Escaped: how much longer the device stayed busy after the call's end event than it takes this process, right
+        now, to see an idle device (a probe just before the call). Work the call left on another stream shows here.
+        Both figures come from this process at this moment, so host speed and scheduling cancel out; a tail measured
+        elsewhere (the reference's, in the judge) differed by tens of us between processes on the H200.
+        """
         if not self.cuda:
             t0 = self.perf()
             out = fn(*args)
@@ -254,6 +260,7 @@ class Timer:
             return out, us, 0.0, us
         if self.runtime is not None:
             self.runtime.reset_persisting_l2()
+        probe = self.idle_gap_us()
         start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
         # Between timed calls the GPU waits for the host (inputs, checks) and lowers its clocks; a couple of ms of
         # writes bring them back, and the last write is also the L2 flush. It keeps the GPU busy while the call is
@@ -268,7 +275,18 @@ class Timer:
         h1 = self.perf()
         self.record(idle)
         self.event_sync(idle)
-        return out, self.elapsed(start, end) * 1e3, self.elapsed(end, idle) * 1e3, (h1 - h0) * 1e6
+        return out, self.elapsed(start, end) * 1e3, self.elapsed(end, idle) * 1e3 - probe, (h1 - h0) * 1e6
+
+    def idle_gap_us(self) -> float:
+        """Device time between an event and the next one this process records after a device-wide synchronize, on
+        an idle device: the same steps as the tail of a timed call, with nothing left running."""
+        self.sync()
+        a, b = self.Event(enable_timing=True), self.Event(enable_timing=True)
+        self.record(a)
+        self.sync()
+        self.record(b)
+        self.event_sync(b)
+        return self.elapsed(a, b) * 1e3
 
 
 def precise_enough(times: list[float], started_s: float, budget_s: float, now_s: float, min_runs: int = MIN_RUNS) -> bool:
@@ -433,9 +451,9 @@ class Runner:
         progress(f"{op} {workload}")
         try:
             if op == "time":
-                out, us, tail, host = self.timer.time(fn, args)
+                out, us, escaped, host = self.timer.time(fn, args)
                 self.held = (self._snapshot(out), inputs)
-                self.conn.send(("timed", us, tail, host, self.flags()))
+                self.conn.send(("timed", us, escaped, host, self.flags()))
                 return
             t0 = self.timer.perf()
             out = fn(*args)
@@ -494,16 +512,19 @@ def main() -> None:
             os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
             torch.set_num_threads(1)  # CPU timings only order candidates; keep them steady
         timer = Timer(cfg["device"])
-        reference_module = load_module("ksearch_task_inputs", cfg["reference"])
     except BaseException as e:
         conn.send(start_failure(e, cfg))
         return
-    # No candidate code has run yet. The judge may now time the reference on an otherwise idle device; it says
-    # "import" when done, and only then does candidate code run (its import could leave work running on the GPU).
+    # No candidate code has run yet. The judge may now time the reference on an otherwise idle device (and may even
+    # be waiting for its job: it can start us ahead of time). It says "import", with the task's details, when done;
+    # only then does candidate code run (its import could leave work running on the GPU).
     conn.send(("loaded", {"network_isolated": network, "device": cfg["device"]}))
-    if conn.recv()[0] != "import":
+    msg = conn.recv()
+    if msg[0] != "import":
         return
+    cfg.update(msg[1])
     try:
+        reference_module = load_module("ksearch_task_inputs", cfg["reference"])
         sys.path[0] = cfg["candidate"]  # was the harness's folder; candidates may import their own helper modules
         progress("import candidate")
         t0 = time.perf_counter()

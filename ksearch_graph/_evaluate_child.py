@@ -2,7 +2,8 @@
 
     python _evaluate_child.py --task TASK_DIR --candidate CANDIDATE_DIR --out RESULT.json
         [--workloads NAME,NAME] [--seeds-from-env] [--time-budget-s S] [--compile-timeout-s S]
-        [--call-timeout-s S] [--cache-dir DIR] [--lock-dir DIR] [--no-network-isolation] [--timings-from-stdin]
+        [--call-timeout-s S] [--cache-dir DIR] [--lock-dir DIR] [--no-network-isolation]
+    python _evaluate_child.py --job-from-stdin --candidate CANDIDATE_DIR --out RESULT.json [...]  (started ahead)
 
 Standalone on purpose (stdlib + torch, never ksearch_graph): this file and ``_candidate_runner.py`` are what a GPU
 host needs. ``tools/evaluate_candidate.py`` runs it from a checkout.
@@ -83,7 +84,7 @@ torch = None  # imported in evaluate(), after the candidate's process has been s
 
 SEED_ENV = "KSEARCH_EVAL_SEED"
 RESULT_KEY_ENV = "KSEARCH_RESULT_KEY"  # signs the result file, so a forged or overwritten one is recognised
-ESCAPE_SLACK_US = 5.0  # device work past a call's end event beyond the reference's, before it counts as the call's
+ESCAPE_SLACK_US = 10.0  # device work past a call's end event (median), before it counts as the call's
 CHECK_PROBABILITY = 0.2  # share of timed calls (besides the first and last) whose output is re-checked
 TRIVIAL_REL_L2 = 0.5  # an output this far from the reference in L2 fails even if every element is within atol
 COMPARE_CHUNK = 1 << 26  # elements compared at a time in float64 (bounds the comparison's extra memory)
@@ -471,7 +472,7 @@ class Judge:
     # -- timing on this side (reference, baseline) and on the runner's (candidate), the same way -------------------
 
     def time_local(self, fn, w: dict, tag: str) -> dict:
-        times, tails = [], []
+        times = []
         call = lambda k: rl.prepare(fn, self.inputs(w, derive_seed(self.base_seed, w["name"], tag, k)),  # noqa
                                     self.task["entry_kind"], DEVICE)
         f, a = call(-1)
@@ -482,28 +483,26 @@ class Judge:
             started = time.perf_counter()
             while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs):
                 f, a = call(len(times))
-                _, us, tail, _ = self.timer.time(f, a)
-                times.append(us)
-                tails.append(tail)
+                times.append(self.timer.time(f, a)[1])
                 del f, a
-        return {"times": times, "tail": statistics.median(tails)}
+        return {"times": times}
 
-    def time_candidate(self, runner: RunnerProcess, w: dict, ref_tail: float) -> tuple[list[float], list[str]]:
+    def time_candidate(self, runner: RunnerProcess, w: dict) -> tuple[list[float], list[str]]:
         name, notes = w["name"], []
         where = f"workload {name}, timed call"
         runner.request(("warm", name, w["params"], derive_seed(self.base_seed, name, "warm"), False),
                        self.args.call_timeout_s, f"{where} (warm-up)")
-        times, tails, started = [], [], time.perf_counter()
+        times, escapes, started = [], [], time.perf_counter()
         while True:
             seed = derive_seed(self.base_seed, name, "time", len(times))
-            _, us, tail, host_us, flags = runner.request(("time", name, w["params"], seed, False),
+            _, us, escaped, host_us, flags = runner.request(("time", name, w["params"], seed, False),
                                                          self.args.call_timeout_s, where)
             self.check_flags(flags, where)
             if us > host_us * 1.05 + 50:
                 raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) exceeds the host time around "
                               f"the call ({host_us:.0f} us): the timer was tampered with")
             times.append(us)
-            tails.append(tail)
+            escapes.append(escaped)
             last = rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs)
             if len(times) == 1 or last or self.rng.random() < CHECK_PROBABILITY:
                 _, out, got_inputs, _, _, _ = runner.request(("send",), self.args.call_timeout_s, where)
@@ -519,10 +518,10 @@ class Judge:
             if last:
                 break
         # Work left running on another stream finishes after the call's end event. When the device stays busy
-        # clearly longer than after the reference's calls, that work counts as the call's.
-        extra_us = statistics.median(tails) - ref_tail
+        # clearly longer than the process needs to see an idle device, that work counts as the call's.
+        extra_us = statistics.median(escapes)
         if extra_us > max(ESCAPE_SLACK_US, 0.2 * statistics.median(times)):
-            times = [t + tail - ref_tail for t, tail in zip(times, tails)]
+            times = [t + max(0.0, e) for t, e in zip(times, escapes)]
             notes.append(f"{name}: the device stayed busy {extra_us:.0f} us after the call ended on its stream "
                          "(work on another stream?); timed until the whole device was idle")
         return times, notes
@@ -603,7 +602,8 @@ class Judge:
                     self.time_reference(w)
 
         t0 = time.perf_counter()
-        _, compile_s = runner.request(("import",), args.compile_timeout_s, "compiling (importing) the candidate")
+        _, compile_s = runner.request(("import", self.task_cfg), args.compile_timeout_s,
+                                      "compiling (importing) the candidate")
         self.phases["waiting_for_compile"] = time.perf_counter() - t0
         result["compile_s"] = compile_s
 
@@ -648,7 +648,7 @@ class Judge:
                 self.time_reference(w)  # on a GPU: done in step 2
                 progress(f"timing {name}")
                 t0 = time.perf_counter()
-                times, more = self.time_candidate(runner, w, ref_timing[name]["tail"])
+                times, more = self.time_candidate(runner, w)
                 self.phases["timing"] += time.perf_counter() - t0
                 notes += more
                 mean = statistics.fmean(times)
@@ -701,26 +701,23 @@ def timings_key(task_dir: str, task: dict) -> str:
     return digest.hexdigest()[:32]
 
 
-def evaluate(args, result: dict, cached_timings: dict) -> None:
-    """Fill ``result`` in place; raise Failure for a candidate that does not pass."""
-    global DEVICE, torch
-    task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
-    root = os.path.abspath(args.candidate)
-    form = candidate_form(task, root)
-    # Start the candidate's process first: its torch import (seconds) then overlaps ours. It picks its device the
-    # way we do below, and says which in its "ready".
-    private_tmp = os.environ.get("TMPDIR") or "/tmp"
-    cfg = {"candidate": root, "reference": os.path.join(os.path.abspath(args.task), task["reference"]),
-           "solution_file": task["solution_file"], "entry_point": task["entry_point"], "kind": task["entry_kind"],
-           "form": form, "device": "auto", "cache": args.cache_dir, "judge_pid": os.getpid(),
-           "isolate_network": not args.no_network_isolation, "authkey": _authkey(),
-           "socket_dir": tempfile.mkdtemp(prefix="ksr-", dir="/tmp")}
-    t0 = time.perf_counter()
-    runner = RunnerProcess(cfg, os.path.join(private_tmp, "candidate.log"), runner_env(private_tmp),
-                           args.memory_limit_gb)
-    spawn_s = time.perf_counter() - t0
-    judge = None
-    try:
+class Session:
+    """The two processes, started before the job is known: the candidate's process (importing torch, then waiting)
+    and torch in this one. A parent that starts us ahead of time (``--job-from-stdin``) gets both imports off the
+    evaluation's clock."""
+
+    def __init__(self, args):
+        global DEVICE, torch
+        self.cfg = {"candidate": os.path.abspath(args.candidate), "device": "auto", "cache": args.cache_dir,
+                    "judge_pid": os.getpid(), "isolate_network": not args.no_network_isolation,
+                    "authkey": _authkey(), "socket_dir": tempfile.mkdtemp(prefix="ksr-", dir="/tmp")}
+        private_tmp = os.environ.get("TMPDIR") or "/tmp"
+        t0 = time.perf_counter()
+        # The candidate's process first: its torch import (seconds) overlaps ours. It picks its device the way we do
+        # below, and says which in its "loaded".
+        self.runner = RunnerProcess(self.cfg, os.path.join(private_tmp, "candidate.log"), runner_env(private_tmp),
+                                    args.memory_limit_gb)
+        self.phases = {"spawn": time.perf_counter() - t0}
         t0 = time.perf_counter()
         torch = rl.load_torch()
         if torch.cuda.is_available():
@@ -729,28 +726,56 @@ def evaluate(args, result: dict, cached_timings: dict) -> None:
             # CPU timings only order candidates, so make them steady: on a busy machine an OpenMP barrier waiting
             # for a descheduled worker thread adds a whole scheduler tick (~8 ms) to a 10 us torch call.
             torch.set_num_threads(1)
-        result["environment"] = environment()
-        result["timing_representative"] = DEVICE == "cuda"
+        self.environment = environment()
+        self.phases["imports"] = time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.runner.stop()
+        if sys.platform.startswith("linux"):
+            kill_descendants()
+        import shutil
+
+        shutil.rmtree(self.cfg["socket_dir"], ignore_errors=True)
+
+
+def evaluate(session: Session, args, job: dict, result: dict) -> None:
+    """Fill ``result`` in place; raise Failure for a candidate that does not pass."""
+    task = read_task(job["task"], job["workloads"].split(",") if job.get("workloads") else None)
+    root = session.cfg["candidate"]
+    form = candidate_form(task, root)
+    result["environment"] = dict(session.environment)
+    result["timing_representative"] = DEVICE == "cuda"
+    judge = None
+    try:
         if DEVICE != "cuda" and (form == "torch_extension" or task["language"] in ("cuda", "cupy")):
             raise Failure("unavailable", f"this task's candidates are {task['language']} code and this machine has "
                           "no CUDA GPU")
-        imports_s = time.perf_counter() - t0
-        judge = Judge(args, task, result, cached_timings)
-        judge.phases.update(spawn=spawn_s, imports=imports_s)
-        judge.run(runner)
+        judge = Judge(args, task, result, job.get("timings") or {})
+        judge.phases.update(session.phases)
+        judge.task_cfg = {"reference": os.path.join(os.path.abspath(job["task"]), task["reference"]),
+                          "solution_file": task["solution_file"], "entry_point": task["entry_point"],
+                          "kind": task["entry_kind"], "form": form}
+        judge.run(session.runner)
     except Failure as f:
         if f.status in ("runtime_error", "timeout") and DEVICE == "cuda":
             result["environment"]["gpu_healthy_after"] = gpu_healthy()
         raise
     finally:
-        runner.stop()
-        if sys.platform.startswith("linux"):
-            kill_descendants()
-        import shutil
-
-        shutil.rmtree(cfg["socket_dir"], ignore_errors=True)
+        session.close()
         if judge is not None:
             result["phases"] = {k: round(v, 4) for k, v in judge.phases.items()}
+
+
+def read_job(limit_s: float) -> dict | None:
+    """The job, one JSON object on stdin ({"task", "workloads", "timings"}); None when none comes in ``limit_s``
+    seconds or stdin closes empty (the parent gave up on this prestarted evaluation)."""
+    import select
+
+    ready, _, _ = select.select([sys.stdin], [], [], limit_s)
+    if not ready:
+        return None
+    text = sys.stdin.read()
+    return json.loads(text) if text.strip() else None
 
 
 def _authkey() -> str:
@@ -795,7 +820,7 @@ def gpu_healthy() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", required=True, help="task folder (with task.json)")
+    parser.add_argument("--task", help="task folder (with task.json)")
     parser.add_argument("--candidate", required=True, help="folder with the candidate's files")
     parser.add_argument("--out", required=True, help="where to write the result JSON")
     parser.add_argument("--workloads", default="", help="comma-separated workload names (default: all)")
@@ -812,30 +837,57 @@ def main(argv: list[str] | None = None) -> int:
                         help="host memory (resident) the candidate's process may use before it is killed")
     parser.add_argument("--no-network-isolation", action="store_true",
                         help="do not put the candidate in its own network namespace")
-    parser.add_argument("--timings-from-stdin", action="store_true",
-                        help="read reference/baseline timings of an earlier evaluation (JSON) from stdin and reuse "
-                        "those measured on this GPU for the same task code and workload")
+    parser.add_argument("--job-from-stdin", action="store_true",
+                        help="start both processes, then wait for the job on stdin: JSON with task, workloads and "
+                        "timings (reference/baseline timings of an earlier evaluation, reused when measured on this "
+                        "GPU for the same task code and workload); replaces --task and --workloads")
+    parser.add_argument("--standby-limit-s", type=float, default=900,
+                        help="with --job-from-stdin: give up when no job has come after this long")
     args = parser.parse_args(argv)
+    if not (args.task or args.job_from_stdin):
+        parser.error("--task is required (or --job-from-stdin)")
     faulthandler.enable()
     result_key = os.environ.pop(RESULT_KEY_ENV, "")
-    cached_timings = {}
-    if args.timings_from_stdin:  # read before the candidate's process exists
-        try:
-            cached_timings = json.loads(sys.stdin.read() or "{}")
-        except ValueError:
-            cached_timings = {}
 
     start = time.perf_counter()
     result = {"status": "runtime_error", "workloads": [], "score": 0.0, "latency_us": None, "compile_s": 0.0,
               "wall_s": 0.0, "log_excerpt": "", "timing_representative": False, "environment": {}}
+    session = early = None
     try:
-        evaluate(args, result, cached_timings)
+        session = Session(args)
+    except BaseException as e:  # reported once the job is known
+        early = e
+    job = {"task": args.task, "workloads": args.workloads, "timings": {}}
+    if args.job_from_stdin:
+        import select
+
+        waiting = not select.select([sys.stdin], [], [], 0)[0]
+        if waiting:
+            progress("started; waiting for the job")
+        got = read_job(args.standby_limit_s)
+        if got is None:
+            if session is not None:
+                session.close()
+            return 0
+        job.update(got)
+        args.task, args.workloads = job["task"], job.get("workloads") or ""
+        if waiting:  # started ahead of time: the evaluation's clock starts now, imports were off it
+            start = time.perf_counter()
+            if session is not None:
+                session.phases = {"spawn": 0.0, "imports": 0.0}
+            result["prestarted"] = True
+    try:
+        if early is not None:
+            raise early
+        evaluate(session, args, job, result)
     except Failure as f:
         result["status"], result["log_excerpt"] = f.status, clip(f.message)
     except BaseException as e:  # a harness or task problem
         result["log_excerpt"] = clip("evaluation failed: " + "".join(traceback.format_exception(e)))
     if result["status"] != "passed":
         result["score"] = 0.0
+    if result.pop("prestarted", False):
+        result["environment"]["prestarted"] = True
     result["wall_s"] = time.perf_counter() - start
     text = json.dumps(result, indent=1)
     if result_key:  # first line: HMAC of the rest, which the parent checks

@@ -9,12 +9,12 @@ killed as a group on timeout.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import math
 import os
-import re
 import resource
 import secrets
 import shutil
@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Protocol
@@ -112,6 +113,7 @@ class Evaluator(Protocol):
 _CHILD = Path(__file__).with_name("_evaluate_child.py")
 _RESULT_KEY = "KSEARCH_RESULT_KEY"
 _PROGRESS = "[ksearch-eval] "  # the child's progress lines on stderr
+_WAITING = "started; waiting for the job"  # the prestarted child's last progress line before it has its job
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 _LOG_LIMIT = 2000
 
@@ -181,6 +183,7 @@ class SubprocessEvaluator:
         cache_dir: str | None = None,
         isolate_network: bool = True,
         reuse_reference_timings_s: float = 1800.0,
+        prestart: bool | None = None,
     ):
         if workloads not in ("feedback", "all"):
             raise ValueError(f"workloads must be 'feedback' or 'all', not {workloads!r}")
@@ -209,61 +212,120 @@ class SubprocessEvaluator:
         self.reuse_reference_timings_s = reuse_reference_timings_s
         self._timings: dict[tuple, dict] = {}  # (task root, visible GPUs) -> {"key", "workloads": {name: entry}}
         self._timings_lock = threading.Lock()  # the graph may evaluate candidates from several threads
+        # Start the next evaluation's two processes as soon as one ends, so their imports (torch, CUDA: 3-5 s on an
+        # H200 host) happen while the search waits for its LLM, not while it waits for a result. Each evaluation
+        # still gets fresh processes. Default: on GPU hosts (on a small CPU machine they would compete for cores).
+        self.prestart = gpu_driver_present() if prestart is None else prestart
+        self._standby: list[_Started] = []  # at most one, handed to the next evaluate()
+        self._finalizer = weakref.finalize(self, _discard_all, self._standby)
 
     def evaluate(self, task: Task, files: dict[str, str], *, attempt_id: str) -> EvalResult:
         start = time.monotonic()
-        tag = re.sub(r"[^A-Za-z0-9_.-]", "_", attempt_id)[:40]
-        root = Path(tempfile.mkdtemp(prefix=f"ksearch-{tag}-", dir=self.workdir))
+        with self._timings_lock:
+            started = self._standby.pop() if self._standby else None
+        if started is not None and started.proc.poll() is not None:  # it gave up waiting, or died
+            started.discard()
+            started = None
         try:
-            result = self._run(task, files, root)
+            for attempt in range(2):
+                fresh = started is None
+                try:
+                    started = started or self._start()
+                except OSError as e:
+                    return EvalResult(status=Status.unavailable, log_excerpt=f"cannot start {self.python}: {e}")
+                result = self._run(task, files, started)
+                started.discard()
+                if fresh or not started.died_waiting:
+                    break
+                started = None  # a prestarted pair died before it took the job (no candidate code ran): once more
         finally:
-            shutil.rmtree(root, ignore_errors=True)
+            if started is not None:
+                started.discard()
+            if self.prestart:
+                self._refill()
         result.wall_s = time.monotonic() - start  # what the search pays, process start-up included
         result.log_excerpt = _clip(result.log_excerpt)
         return result
 
-    def _run(self, task: Task, files: dict[str, str], root: Path) -> EvalResult:
+    def close(self) -> None:
+        """Stop the prestarted processes, if any (also done when the evaluator is garbage-collected, or at exit)."""
+        with self._timings_lock:
+            _discard_all(self._standby)
+
+    def wait_until_prestarted(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the next evaluation's processes have finished their imports (True), as they will have in a
+        search by the time the LLM has written the next candidate. False when there are none, or on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._timings_lock:
+                started = self._standby[0] if self._standby else None
+            if started is None or started.proc.poll() is not None:
+                return False
+            with contextlib.suppress(OSError):
+                if _WAITING in (started.root / "stderr.txt").read_text(errors="replace"):
+                    return True
+            time.sleep(0.1)
+        return False
+
+    def _refill(self) -> None:
+        with self._timings_lock:
+            if self._standby:
+                return
+        try:
+            fresh = self._start()
+        except OSError:
+            return
+        with self._timings_lock:
+            if self._standby:  # another thread was quicker
+                fresh.discard()
+            else:
+                self._standby.append(fresh)
+
+    def _start(self) -> _Started:
+        """Start an evaluation's processes: they import torch, then wait for the job on stdin."""
+        root = Path(tempfile.mkdtemp(prefix="ksearch-eval-", dir=self.workdir))
+        candidate = root / "candidate"
+        candidate.mkdir()
+        cmd = [self.python, str(_CHILD), "--job-from-stdin", "--candidate", str(candidate),
+               "--out", str(root / "result.json"), "--seeds-from-env", "--time-budget-s", str(self.time_budget_s),
+               "--compile-timeout-s", str(self.compile_timeout_s), "--call-timeout-s", str(self.call_timeout_s),
+               "--cache-dir", self.cache_dir, "--lock-dir", str(Path(tempfile.gettempdir())),
+               "--memory-limit-gb", str(self.memory_limit_gb)]
+        if not self.isolate_network:
+            cmd.append("--no-network-isolation")
+        key = secrets.token_hex(32)
+        try:
+            with open(root / "stdout.txt", "wb") as stdout, open(root / "stderr.txt", "wb") as stderr:
+                proc = subprocess.Popen(cmd, cwd=candidate, env=self._child_env(root) | {_RESULT_KEY: key},
+                                        stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, start_new_session=True)
+        except OSError:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        self._limit(proc.pid)
+        return _Started(root, proc, key)
+
+    def _run(self, task: Task, files: dict[str, str], started: _Started) -> EvalResult:
+        root, proc, key = started.root, started.proc, started.key
         candidate, out = root / "candidate", root / "result.json"
         try:
             write_files(candidate, files)
         except ValueError as e:
             return EvalResult(status=Status.compile_error, log_excerpt=str(e))
-        cmd = [self.python, str(_CHILD), "--task", task.root, "--candidate", str(candidate), "--out", str(out),
-               "--seeds-from-env", "--time-budget-s", str(self.time_budget_s),
-               "--compile-timeout-s", str(self.compile_timeout_s), "--call-timeout-s", str(self.call_timeout_s),
-               "--cache-dir", self.cache_dir, "--lock-dir", str(Path(tempfile.gettempdir()))]
-        if not self.isolate_network:
-            cmd.append("--no-network-isolation")
-        cmd += ["--memory-limit-gb", str(self.memory_limit_gb)]
-        key = secrets.token_hex(32)
-        if self.workloads == "feedback":
-            cmd += ["--workloads", ",".join(w.name for w in task.feedback_workloads())]
         timings_slot = (task.root, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        timings = self._reusable_timings(timings_slot)
-        if timings:
-            cmd.append("--timings-from-stdin")
-        stderr_path = root / "stderr.txt"
-        with open(root / "stdout.txt", "wb") as stdout, open(stderr_path, "wb") as stderr:
-            try:
-                proc = subprocess.Popen(cmd, cwd=candidate, env=self._child_env(root) | {_RESULT_KEY: key},
-                                        stdin=subprocess.PIPE if timings else subprocess.DEVNULL,
-                                        stdout=stdout, stderr=stderr, start_new_session=True)
-            except OSError as e:
-                return EvalResult(status=Status.unavailable, log_excerpt=f"cannot start {self.python}: {e}")
-            started = time.monotonic()
-            self._limit(proc.pid)
-            if timings:
-                try:  # a few kB: fits the pipe's buffer, so this never waits for the child
-                    proc.stdin.write(json.dumps(timings).encode())
-                    proc.stdin.close()
-                except OSError:
-                    pass  # the child is already gone; its result says why
-            try:
-                finished = _wait_unreaped(proc.pid, self.timeout_s)
-            finally:
-                _kill_group(proc.pid)  # on timeout, and also any helper a finished candidate left running
-                proc.wait()
-        stderr_text = stderr_path.read_text(errors="replace").replace(f"{candidate}{os.sep}", "")
+        workloads = ",".join(w.name for w in task.feedback_workloads()) if self.workloads == "feedback" else ""
+        job = {"task": task.root, "workloads": workloads, "timings": self._reusable_timings(timings_slot)}
+        try:  # a few kB: fits the pipe's buffer, so this never waits for the child
+            proc.stdin.write(json.dumps(job).encode())
+            proc.stdin.close()
+        except OSError:
+            pass  # the child is already gone; what it left says why
+        sent = time.monotonic()
+        try:
+            finished = _wait_unreaped(proc.pid, self.timeout_s)
+        finally:
+            _kill_group(proc.pid)  # on timeout, and also any helper a finished candidate left running
+            proc.wait()
+        stderr_text = (root / "stderr.txt").read_text(errors="replace").replace(f"{candidate}{os.sep}", "")
         if not finished:
             return EvalResult(
                 status=Status.timeout,
@@ -276,12 +338,13 @@ class SubprocessEvaluator:
                                   "evaluation wrote (forged or overwritten by the candidate)")
             try:
                 result = EvalResult.model_validate_json(text)
-                # Python start-up and imports: what the child's own clock did not see.
-                result.phases["startup"] = round(max(0.0, time.monotonic() - started - result.wall_s), 4)
+                # Python start-up and imports the child's own clock did not see (none when it was prestarted).
+                result.phases["startup"] = round(max(0.0, time.monotonic() - sent - result.wall_s), 4)
                 self._keep_timings(timings_slot, result.reference_timings)
                 return result
             except ValueError as e:
                 return EvalResult(status=Status.runtime_error, log_excerpt=f"unreadable result file: {e}")
+        started.died_waiting = _last_step(stderr_text) == _WAITING
         if proc.returncode < 0:
             sig = signal.Signals(-proc.returncode)
             how = f"killed by {sig.name} ({signal.strsignal(sig)})"
@@ -347,6 +410,28 @@ class SubprocessEvaluator:
                 resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
         except (ProcessLookupError, PermissionError):
             pass  # the child already exited, or the platform refuses: the result says what happened
+
+
+class _Started:
+    """An evaluation's judge process (with the candidate's process it started), waiting for its job on stdin."""
+
+    def __init__(self, root: Path, proc: subprocess.Popen, key: str):
+        self.root, self.proc, self.key = root, proc, key
+        self.died_waiting = False  # ended without a result before it read its job
+
+    def discard(self) -> None:
+        if self.proc.poll() is None:  # not reaped yet, so its process-group id is still its own
+            _kill_group(self.proc.pid)
+            self.proc.wait()
+        if self.proc.stdin and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _discard_all(standby: list) -> None:
+    while standby:
+        standby.pop().discard()
 
 
 def _last_step(stderr_text: str) -> str:

@@ -67,16 +67,23 @@ def drive(run: RunDir, ctx: SearchContext, *, fresh: bool, on_event: EventSink |
     graph = build_search_graph(run.checkpointer())
     config = run.graph_config(checkpoint_id)
     ctx.store.set_meta("status", "running")
-    for namespace, mode, chunk in graph.stream(
-        Command(resume=answer) if answer is not None else ({} if fresh else None),
-        config,
-        context=ctx,
-        stream_mode=["custom"],
-        subgraphs=True,
-        durability="sync",
-    ):
-        if on_event is not None and mode == "custom":
-            on_event(chunk)
+    try:
+        for namespace, mode, chunk in graph.stream(
+            Command(resume=answer) if answer is not None else ({} if fresh else None),
+            config,
+            context=ctx,
+            stream_mode=["custom"],
+            subgraphs=True,
+            durability="sync",
+        ):
+            if on_event is not None and mode == "custom":
+                on_event(chunk)
+    finally:
+        # The evaluator may hold the next evaluation's processes, started ahead (GPU hosts): no GPU memory is
+        # kept for a search that has stopped. It stays usable; a later drive() starts them again.
+        close = getattr(ctx.evaluator, "close", None)
+        if close is not None:
+            close()
     return graph.get_state(run.graph_config()).values
 
 

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import socket
+import subprocess
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -331,6 +335,35 @@ def test_reference_timings_are_measured_once_per_session(tmp_path):
     for i in range(2):
         r = never.evaluate(task, files, attempt_id=f"never{i}")
         assert r.environment["reference_timing"] == "measured in this evaluation", explain(r)
+
+
+def test_prestarted_evaluations_are_fresh_processes_whose_imports_cost_nothing(tmp_path):
+    """With prestart the next evaluation's processes start (and import torch) as soon as one evaluation ends; the
+    next evaluate() hands them the job. A prestarted pair that died is replaced; close() leaves nothing behind."""
+    task = write_task(tmp_path / "task")
+    work = tmp_path / "work"
+    ev = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all", prestart=True, workdir=str(work))
+    files = {"kernel.py": HONEST}
+
+    def standby():
+        assert ev.wait_until_prestarted(timeout_s=120), "the prestarted evaluation never got ready"
+        return ev._standby[0]
+
+    first = ev.evaluate(task, files, attempt_id="p0")
+    assert first.passed and not first.environment.get("prestarted"), explain(first)
+    waiting = standby()
+    second = ev.evaluate(task, files, attempt_id="p1")
+    assert second.passed and second.environment["prestarted"] is True, explain(second)
+    assert second.phases["imports"] == 0.0 and second.phases["startup"] < first.phases["startup"]
+    assert waiting.proc.returncode is not None and not waiting.root.exists()  # used once, then gone
+
+    os.killpg(standby().proc.pid, signal.SIGKILL)  # the next pair dies before its job comes
+    third = ev.evaluate(task, files, attempt_id="p2")
+    assert third.passed and not third.environment.get("prestarted"), explain(third)
+
+    ev.close()
+    assert not ev._standby and list(work.iterdir()) == []
+    assert "ksearch-eval" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
 @pytest.mark.skipif(CUDA, reason="checks the CPU-only answer")
