@@ -192,6 +192,10 @@ class CudaRuntime:
                 break
         except OSError:
             self.lib = None
+        # Spin while waiting for the device, set before the context exists: a host thread that yields can wake up
+        # tens of us late, and the escape check compares wake-ups (seen on the H200 with the default: an honest
+        # matmul read 39 us of escaped work in one of 15 workload evaluations).
+        self.spin_wait = self.lib is not None and self.lib.cudaSetDeviceFlags(1) == 0  # cudaDeviceScheduleSpin
         # The device's own setting (nonzero on an H200 here), read before any candidate code runs.
         self.default_persisting_l2 = self.persisting_l2_bytes() or 0
 
@@ -230,8 +234,8 @@ class Timer:
             self.elapsed = torch.cuda.Event.elapsed_time
             self.event_sync = torch.cuda.Event.synchronize
             self.sync = torch.cuda.synchronize
+            self.runtime = CudaRuntime()  # first: it sets how the host waits, before the context exists
             self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
-            self.runtime = CudaRuntime()
         else:
             self.sync = lambda: None
             self.flush = None
@@ -249,11 +253,12 @@ class Timer:
         """(output, device us, escaped us, host us) of one call.
 
         Escaped: how much longer the device stayed busy after the call's end event than it takes this process, right
-        now, to notice that a device it waited for has gone idle (a probe just before the call, after busy work of
-        its own). Work the call left on another stream shows here. Both figures come from this process at this
-        moment, after a similar wait, so host speed, scheduling and wake-up latency cancel out; a tail measured
-        elsewhere (the reference's, in the judge) differed by tens of us between processes on the H200, and a probe
-        on an idle device missed the wake-up latency (an honest matmul read 39 us of "escaped" work).
+        now, to see an idle device (a probe just before the call). Work the call left on another stream shows here.
+        Both figures come from this process at this moment, so host speed cancels out; a tail measured elsewhere
+        (the reference's, in the judge) differed by tens of us between processes on the H200. Measured on the H200:
+        31 us of side-stream work behind a 1.3 us call read 31-32 us here. A probe taken after busy work of its own
+        read it 15-30 us short (host wake-up after a wait differs from this idle one), so the probe stays idle, and
+        the host spins instead of yielding while it waits (see CudaRuntime), which keeps wake-ups short.
         """
         if not self.cuda:
             t0 = self.perf()
@@ -262,13 +267,12 @@ class Timer:
             return out, us, 0.0, us
         if self.runtime is not None:
             self.runtime.reset_persisting_l2()
-        # Between timed calls the GPU waits for the host (inputs, checks) and lowers its clocks; a couple of ms of
-        # writes bring them back, and the last write is also the L2 flush. Half of them come before the probe, the
-        # other half after it, so the GPU is busy while the call is launched (launch overhead hidden, as in
-        # back-to-back use).
-        probe = self.waited_gap_us(BUSY_FLUSHES // 2)
+        probe = self.idle_gap_us()
         start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
-        for _ in range(BUSY_FLUSHES - BUSY_FLUSHES // 2):
+        # Between timed calls the GPU waits for the host (inputs, checks) and lowers its clocks; a couple of ms of
+        # writes bring them back, and the last write is also the L2 flush. It keeps the GPU busy while the call is
+        # launched too, so launch overhead is hidden the way it is in back-to-back use.
+        for _ in range(BUSY_FLUSHES):
             self.zero_(self.flush)
         h0 = self.perf()
         self.record(start)
@@ -280,12 +284,11 @@ class Timer:
         self.event_sync(idle)
         return out, self.elapsed(start, end) * 1e3, self.elapsed(end, idle) * 1e3 - probe, (h1 - h0) * 1e6
 
-    def waited_gap_us(self, flushes: int) -> float:
-        """Device time from the end of ``flushes`` busy writes to the next event this process records after a
-        device-wide synchronize: the same steps as the tail of a timed call, with nothing else left running."""
+    def idle_gap_us(self) -> float:
+        """Device time between an event and the next one this process records after a device-wide synchronize, on
+        an idle device: the same steps as the tail of a timed call, with nothing left running."""
+        self.sync()
         a, b = self.Event(enable_timing=True), self.Event(enable_timing=True)
-        for _ in range(flushes):
-            self.zero_(self.flush)
         self.record(a)
         self.sync()
         self.record(b)
@@ -522,7 +525,8 @@ def main() -> None:
     # No candidate code has run yet. The judge may now time the reference on an otherwise idle device (and may even
     # be waiting for its job: it can start us ahead of time). It says "import", with the task's details, when done;
     # only then does candidate code run (its import could leave work running on the GPU).
-    conn.send(("loaded", {"network_isolated": network, "device": cfg["device"]}))
+    conn.send(("loaded", {"network_isolated": network, "device": cfg["device"],
+                           "host_spin_wait": bool(timer.runtime and timer.runtime.spin_wait)}))
     msg = conn.recv()
     if msg[0] != "import":
         return
