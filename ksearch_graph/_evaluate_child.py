@@ -863,6 +863,9 @@ def main(argv: list[str] | None = None) -> int:
 
         waiting = not select.select([sys.stdin], [], [], 0)[0]
         if waiting:
+            if session is not None:  # ready means both processes are: its "loaded" stays unread for run()
+                with contextlib.suppress(Failure):
+                    session.runner.wait(args.compile_timeout_s)
             progress("started; waiting for the job")
         got = read_job(args.standby_limit_s)
         if got is None:
