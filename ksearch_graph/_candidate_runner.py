@@ -135,11 +135,11 @@ def fingerprint(value) -> list:
     out, sums = [], []
     for t in _leaves(value):
         if isinstance(t, torch.Tensor):
-            flat = t.detach().reshape(-1)
+            flat = (torch.view_as_real(t.detach()) if t.is_complex() else t.detach()).reshape(-1)
             acc = torch.zeros(2, dtype=torch.float64, device=t.device)
             for lo in range(0, flat.numel(), 1 << 26):  # in chunks: float64 copies of MoE weights would be 7.5 GB
                 d = flat[lo:lo + (1 << 26)].to(torch.float64, copy=True)  # a copy: changed in place below
-                if t.is_floating_point():
+                if flat.is_floating_point():
                     d = torch.nan_to_num_(d, nan=7.0, posinf=11.0, neginf=-13.0)
                 acc[0] += d.sum()
                 acc[1] += d.abs_().sum()

@@ -16,11 +16,12 @@ memory on CPU), and the judge compares on the device. Expected outputs, the base
 candidate code cannot reach them: not through the garbage collector, not by patching torch, not in freed memory.
 
 Order of work:
-1. Start the runner: it imports torch while we do, then waits. On a GPU, time the reference (and the task's baseline)
-   on fresh inputs now, holding this GPU's timing lock, while no candidate code has run (work a candidate's import
-   leaves running would slow the reference and inflate the candidate's speedup). Timings of an earlier evaluation of
-   the same session are reused when the parent passes them (``--timings-from-stdin``): same task code, same GPU.
-   Then the runner imports the candidate (compile time, under its own limit).
+1. Start the runner: it imports torch while we do, then waits. A parent may start both processes before it has the
+   job (``--job-from-stdin``): the imports then cost the evaluation nothing. Time the reference (and the task's
+   baseline) on fresh inputs now, holding the device's timing lock, while no candidate code has run (work a
+   candidate's import leaves running would slow the reference and inflate the candidate's speedup). Timings of an
+   earlier evaluation of the same session are reused when the parent passes them in the job: same task code, same
+   GPU. Then the runner imports the candidate (compile time, under its own limit).
 2. Correctness: every workload, ``correctness_seeds`` input sets each, derived from a base seed drawn per evaluation.
    Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
 3. Timing of the timed workloads, holding the GPU's timing lock: every timed call on a freshly generated input set,
@@ -278,6 +279,8 @@ def compare(out, expected: list, tol: dict) -> tuple[str | None, str, float, flo
             return "incorrect_dtype", f"{name} has dtype {o.dtype}, expected {r.dtype}", math.inf, math.inf
         if o.device != r.device:
             return "incorrect_dtype", f"{name} is on {o.device}, expected {r.device}", math.inf, math.inf
+        if o.is_complex():  # real and imaginary parts each held to the tolerance
+            o, r = torch.view_as_real(o), torch.view_as_real(r)
         failure, max_err, max_rel = _compare_values(name, o.reshape(-1), r.reshape(-1), tuple(o.shape), tol)
         if failure:
             return "incorrect_numerical", failure, max_err, max_rel
@@ -297,14 +300,21 @@ def _compare_values(name: str, o, r, shape: tuple, tol: dict) -> tuple[str | Non
         return None, 0.0, 0.0
     narrow = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
     work = torch.float32 if o.dtype in narrow and r.dtype in narrow else torch.float64
-    stats = torch.zeros(5, dtype=torch.float64, device=o.device)  # bad, non-finite, sum err^2, sum ref^2, max rel
+    exact = not o.is_floating_point()  # integers and bools: differences taken in int64, exactly
+    # bad, non-finite, sum err^2, sum ref^2, max rel, max |ref|
+    stats = torch.zeros(6, dtype=torch.float64, device=o.device)
     max_err = torch.full((1,), -1.0, dtype=work, device=o.device)
     max_at = torch.zeros(1, dtype=torch.int64, device=o.device)
     for lo in range(0, n, COMPARE_CHUNK):
-        oc, rc = o[lo:lo + COMPARE_CHUNK].to(work), r[lo:lo + COMPARE_CHUNK].to(work)
-        nonfinite = torch.isfinite(oc).logical_and_(torch.isfinite(rc)).logical_not_()
-        stats[1] += nonfinite.sum()
-        err = torch.sub(oc, rc).abs_().masked_fill_(nonfinite, 0.0)  # where either is NaN/Inf: checked apart
+        if exact:
+            oi, ri = o[lo:lo + COMPARE_CHUNK].to(torch.int64), r[lo:lo + COMPARE_CHUNK].to(torch.int64)
+            err, rc = torch.sub(oi, ri).abs_().to(work), ri.to(work)
+            nonfinite = torch.zeros(err.shape, dtype=torch.bool, device=o.device)
+        else:
+            oc, rc = o[lo:lo + COMPARE_CHUNK].to(work), r[lo:lo + COMPARE_CHUNK].to(work)
+            nonfinite = torch.isfinite(oc).logical_and_(torch.isfinite(rc)).logical_not_()
+            stats[1] += nonfinite.sum()
+            err = torch.sub(oc, rc).abs_().masked_fill_(nonfinite, 0.0)  # where either is NaN/Inf: checked apart
         abs_ref = rc.abs()
         stats[0] += (err > abs_ref * tol["rtol"] + tol["atol"]).sum()
         chunk_max, at = err.max(dim=0)
@@ -316,10 +326,12 @@ def _compare_values(name: str, o, r, shape: tuple, tol: dict) -> tuple[str | Non
         stats[4] = torch.maximum(stats[4], rel.max().to(torch.float64))
         stats[2] += torch.dot(err, err)
         abs_ref.masked_fill_(nonfinite, 0.0)
+        stats[5] = torch.maximum(stats[5], abs_ref.max().to(torch.float64))
         stats[3] += torch.dot(abs_ref, abs_ref)
-    bad, nonfinite_count, diff2, ref2, max_rel = stats.tolist()
+    bad, nonfinite_count, diff2, ref2, max_rel, max_ref = stats.tolist()
     max_err, max_at = float(max_err), int(max_at)
-    if not (math.isfinite(diff2) and math.isfinite(ref2)):  # float32 squares overflowed: redo them in float64
+    # float32 squares overflow above ~1e19 and vanish below ~1e-19: then the sums are redone in float64.
+    if work == torch.float32 and not (math.isfinite(diff2) and math.isfinite(ref2) and max_ref > 1e-15):
         diff2 = ref2 = 0.0
         for lo in range(0, n, COMPARE_CHUNK):
             oc, rc = o[lo:lo + COMPARE_CHUNK].to(torch.float64), r[lo:lo + COMPARE_CHUNK].to(torch.float64)
@@ -485,7 +497,7 @@ class Judge:
                 f, a = call(len(times))
                 times.append(self.timer.time(f, a)[1])
                 del f, a
-        return {"times": times}
+        return {"mean_us": statistics.fmean(times), "runs": len(times)}
 
     def time_candidate(self, runner: RunnerProcess, w: dict) -> tuple[list[float], list[str]]:
         name, notes = w["name"], []
@@ -593,13 +605,12 @@ class Judge:
         result["environment"].update(runner_info)
         self.phases["waiting_for_runner"] = time.perf_counter() - t0
 
-        # 2. On a GPU, time the reference (and baseline) now, while nothing else runs on the device: once the
-        # candidate is imported, work it leaves running could slow the reference down and inflate its speedup.
-        # (On CPU this waits until the candidate has passed: its timings only order candidates.)
-        if DEVICE == "cuda":
-            with timing_lock(args.lock_dir):
-                for w in timed:
-                    self.time_reference(w)
+        # 2. Time the reference (and baseline) now, while no candidate code has run: once the candidate is imported,
+        # work it leaves running (a GPU stream, a thread) could slow the reference down and inflate its speedup, and
+        # the timings are reused by later evaluations of the session.
+        with timing_lock(args.lock_dir):
+            for w in timed:
+                self.time_reference(w)
 
         t0 = time.perf_counter()
         _, compile_s = runner.request(("import", self.task_cfg), args.compile_timeout_s,
@@ -645,22 +656,19 @@ class Judge:
         with timing_lock(args.lock_dir):
             for w in timed:
                 name = w["name"]
-                self.time_reference(w)  # on a GPU: done in step 2
                 progress(f"timing {name}")
                 t0 = time.perf_counter()
                 times, more = self.time_candidate(runner, w)
                 self.phases["timing"] += time.perf_counter() - t0
                 notes += more
                 mean = statistics.fmean(times)
-                ref_us = statistics.fmean(ref_timing[name]["times"])
+                ref_us = ref_timing[name]["mean_us"]
                 results[name].update(latency_us=mean, median_us=statistics.median(times),
                                      std_us=statistics.stdev(times), runs=len(times), reference_us=ref_us,
                                      speedup=ref_us / mean)
                 if name in base_timing:
-                    base_us = statistics.fmean(base_timing[name]["times"])
+                    base_us = base_timing[name]["mean_us"]
                     results[name].update(baseline_us=base_us, speedup_vs_baseline=base_us / mean)
-        if self.measured:
-            result["reference_timings"] = {"key": self.timings_key, "workloads": self.measured}
         result["environment"]["reference_timing"] = (
             "measured in this evaluation" if not self.reused else
             f"{self.reused} of {len(timed)} workloads reused from an earlier evaluation on this GPU")
@@ -740,6 +748,8 @@ class Session:
 
 def evaluate(session: Session, args, job: dict, result: dict) -> None:
     """Fill ``result`` in place; raise Failure for a candidate that does not pass."""
+    if not job.get("task"):
+        raise Failure("runtime_error", "the evaluation's job names no task")
     task = read_task(job["task"], job["workloads"].split(",") if job.get("workloads") else None)
     root = session.cfg["candidate"]
     form = candidate_form(task, root)
@@ -764,6 +774,8 @@ def evaluate(session: Session, args, job: dict, result: dict) -> None:
         session.close()
         if judge is not None:
             result["phases"] = {k: round(v, 4) for k, v in judge.phases.items()}
+            if judge.measured:  # taken before candidate code ran: good for the next evaluation, pass or fail
+                result["reference_timings"] = {"key": judge.timings_key, "workloads": judge.measured}
 
 
 def read_job(limit_s: float) -> dict | None:
@@ -775,7 +787,12 @@ def read_job(limit_s: float) -> dict | None:
     if not ready:
         return None
     text = sys.stdin.read()
-    return json.loads(text) if text.strip() else None
+    if not text.strip():
+        return None
+    job = json.loads(text)
+    if not isinstance(job, dict):
+        raise ValueError(f"expected a JSON object, got {type(job).__name__}")
+    return job
 
 
 def _authkey() -> str:
@@ -867,13 +884,17 @@ def main(argv: list[str] | None = None) -> int:
                 with contextlib.suppress(Failure):
                     session.runner.wait(args.compile_timeout_s)
             progress("started; waiting for the job")
-        got = read_job(args.standby_limit_s)
+        try:
+            got = read_job(args.standby_limit_s)
+        except ValueError as e:
+            got, early = {}, early or Failure("runtime_error", f"the evaluation's job was not valid JSON: {e}")
         if got is None:
             if session is not None:
                 session.close()
             return 0
+        progress("job received")
         job.update(got)
-        args.task, args.workloads = job["task"], job.get("workloads") or ""
+        args.task, args.workloads = job.get("task"), job.get("workloads") or ""
         if waiting:  # started ahead of time: the evaluation's clock starts now, imports were off it
             start = time.perf_counter()
             if session is not None:

@@ -114,6 +114,7 @@ _CHILD = Path(__file__).with_name("_evaluate_child.py")
 _RESULT_KEY = "KSEARCH_RESULT_KEY"
 _PROGRESS = "[ksearch-eval] "  # the child's progress lines on stderr
 _WAITING = "started; waiting for the job"  # the prestarted child's last progress line before it has its job
+_RECEIVED = _PROGRESS + "job received"  # ... and its first after
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 _LOG_LIMIT = 2000
 
@@ -217,12 +218,14 @@ class SubprocessEvaluator:
         # still gets fresh processes. Default: on GPU hosts (on a small CPU machine they would compete for cores).
         self.prestart = gpu_driver_present() if prestart is None else prestart
         self._standby: list[_Started] = []  # at most one, handed to the next evaluate()
+        self._generation = 0  # close() moves it on: an evaluate() begun before then starts no new standby
         self._finalizer = weakref.finalize(self, _discard_all, self._standby)
 
     def evaluate(self, task: Task, files: dict[str, str], *, attempt_id: str) -> EvalResult:
         start = time.monotonic()
         with self._timings_lock:
             started = self._standby.pop() if self._standby else None
+            generation = self._generation
         if started is not None and started.proc.poll() is not None:  # it gave up waiting, or died
             started.discard()
             started = None
@@ -242,7 +245,7 @@ class SubprocessEvaluator:
             if started is not None:
                 started.discard()
             if self.prestart:
-                self._refill()
+                self._refill(generation)
         result.wall_s = time.monotonic() - start  # what the search pays, process start-up included
         result.log_excerpt = _clip(result.log_excerpt)
         return result
@@ -250,6 +253,7 @@ class SubprocessEvaluator:
     def close(self) -> None:
         """Stop the prestarted processes, if any (also done when the evaluator is garbage-collected, or at exit)."""
         with self._timings_lock:
+            self._generation += 1
             _discard_all(self._standby)
 
     def wait_until_prestarted(self, timeout_s: float = 60.0) -> bool:
@@ -267,16 +271,16 @@ class SubprocessEvaluator:
             time.sleep(0.1)
         return False
 
-    def _refill(self) -> None:
+    def _refill(self, generation: int) -> None:
         with self._timings_lock:
-            if self._standby:
+            if self._standby or generation != self._generation:
                 return
         try:
             fresh = self._start()
         except OSError:
             return
         with self._timings_lock:
-            if self._standby:  # another thread was quicker
+            if self._standby or generation != self._generation:  # another thread was quicker, or close() came
                 fresh.discard()
             else:
                 self._standby.append(fresh)
@@ -314,18 +318,29 @@ class SubprocessEvaluator:
         timings_slot = (task.root, os.environ.get("CUDA_VISIBLE_DEVICES"))
         workloads = ",".join(w.name for w in task.feedback_workloads()) if self.workloads == "feedback" else ""
         job = {"task": task.root, "workloads": workloads, "timings": self._reusable_timings(timings_slot)}
-        try:  # a few kB: fits the pipe's buffer, so this never waits for the child
-            proc.stdin.write(json.dumps(job).encode())
-            proc.stdin.close()
-        except OSError:
-            pass  # the child is already gone; what it left says why
+        data, refused = json.dumps(job).encode(), []
+
+        def send() -> None:  # from a thread: a child that does not read must not stall us past the timeout
+            try:
+                proc.stdin.write(data)
+                proc.stdin.close()
+            except OSError:  # the child was gone before it could take its job
+                refused.append(True)
+
+        writer = threading.Thread(target=send, daemon=True)
+        writer.start()
         sent = time.monotonic()
         try:
             finished = _wait_unreaped(proc.pid, self.timeout_s)
         finally:
             _kill_group(proc.pid)  # on timeout, and also any helper a finished candidate left running
             proc.wait()
+        writer.join(timeout=5)
         stderr_text = (root / "stderr.txt").read_text(errors="replace").replace(f"{candidate}{os.sep}", "")
+        # Gone before it took the job (its pipe refused it, or it never said it had it): no candidate code ran, so
+        # the evaluation may be tried again with fresh processes.
+        started.died_waiting = not out.is_file() and (bool(refused) or (
+            _RECEIVED not in stderr_text and _last_step(stderr_text) == _WAITING))
         if not finished:
             return EvalResult(
                 status=Status.timeout,
@@ -344,7 +359,6 @@ class SubprocessEvaluator:
                 return result
             except ValueError as e:
                 return EvalResult(status=Status.runtime_error, log_excerpt=f"unreadable result file: {e}")
-        started.died_waiting = _last_step(stderr_text) == _WAITING
         if proc.returncode < 0:
             sig = signal.Signals(-proc.returncode)
             how = f"killed by {sig.name} ({signal.strsignal(sig)})"
@@ -417,7 +431,7 @@ class _Started:
 
     def __init__(self, root: Path, proc: subprocess.Popen, key: str):
         self.root, self.proc, self.key = root, proc, key
-        self.died_waiting = False  # ended without a result before it read its job
+        self.died_waiting = False  # gone before it could take its job
 
     def discard(self) -> None:
         if self.proc.poll() is None:  # not reaped yet, so its process-group id is still its own

@@ -90,6 +90,13 @@ def test_huge_finite_values_do_not_overflow_the_verdict(chunk):
     assert status == "incorrect_numerical" and max_abs == math.inf
 
 
+def test_tiny_values_do_not_vanish_from_the_l2_rule(chunk):
+    # Squares of 1e-23 underflow float32: the sums are redone in float64, and 0.3x the reference still fails.
+    ref = torch.full((100,), 1e-23)
+    status, message, _, _ = judge.compare(ref * 0.3, [ref], TOL)
+    assert status == "incorrect_numerical" and "relative L2 error" in message
+
+
 def test_outputs_near_zero_fail_the_relative_l2_rule(chunk):
     ref = torch.randn(1000) * 1e-4  # every element below atol
     status, message, _, _ = judge.compare(torch.zeros(1000), [ref], TOL)
@@ -105,12 +112,20 @@ def test_other_float_dtypes(chunk, dtype):
     assert judge.compare(out, [ref], TOL)[0] == "incorrect_numerical"
 
 
-def test_integers_are_compared_exactly_beyond_float32(chunk):
-    ref = torch.full((10,), 2**40, dtype=torch.int64)
+def test_integers_are_compared_exactly_beyond_float64(chunk):
+    ref = torch.full((10,), 2**60, dtype=torch.int64)
     out = ref.clone()
-    out[3] += 1  # the same number in float32
+    out[3] += 1  # the same number in float64
     status, _, max_abs, _ = judge.compare(out, [ref], {"atol": 0.0, "rtol": 0.0, "matched_ratio": 1.0})
     assert status == "incorrect_numerical" and max_abs == 1.0
+
+
+def test_complex_outputs_are_checked_in_both_parts(chunk):
+    ref = torch.randn(16, dtype=torch.complex64)
+    assert judge.compare(ref.clone(), [ref], TOL)[0] is None
+    out = ref.clone()
+    out[4] += 1j  # only the imaginary part is wrong
+    assert judge.compare(out, [ref], TOL)[0] == "incorrect_numerical"
 
 
 def test_shape_dtype_and_count_mismatches(chunk):

@@ -312,24 +312,28 @@ def test_compile_and_call_limits_are_separate(results):
 
 
 def test_reference_timings_are_measured_once_per_session(tmp_path):
-    """The evaluator times the reference and baseline in its first evaluation and reuses the figures: every candidate
-    is compared with the same numbers. An edited reference, or reuse switched off, is timed again."""
+    """The evaluator times the reference and baseline in its first evaluation, before any candidate code runs, and
+    reuses the figures, also after a candidate that failed: every candidate is compared with the same numbers. An
+    edited reference, or reuse switched off, is timed again."""
     (tmp_path / "baseline.py").write_text("import torch\n\n\ndef scale(x, alpha):\n    return torch.mul(x, alpha)\n")
     task = write_task(tmp_path, baseline="baseline.py")
     files = {"kernel.py": HONEST}
     ev = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all")
+    failed = ev.evaluate(task, {"kernel.py": "def scale(x, alpha):\n    return x\n"}, attempt_id="wrong")
+    assert failed.status == Status.incorrect_numerical, explain(failed)
     first, second = (ev.evaluate(task, files, attempt_id=f"reuse{i}") for i in range(2))
     assert first.passed and second.passed, (explain(first), explain(second))
-    assert first.environment["reference_timing"] == "measured in this evaluation"
-    assert second.environment["reference_timing"] == "2 of 2 workloads reused from an earlier evaluation on this GPU"
+    for r in (first, second):
+        assert r.environment["reference_timing"] == "2 of 2 workloads reused from an earlier evaluation on this GPU"
     for a, b in zip(first.workloads, second.workloads):
         assert (a.reference_us, a.baseline_us) == (b.reference_us, b.baseline_us)
         assert a.latency_us != b.latency_us  # the candidate itself is timed every time
     assert "reference_timings" not in second.model_dump()  # plumbing, not part of the record
 
     (tmp_path / "reference.py").write_text(SCALE_REFERENCE + "\n# edited\n")
-    assert ev.evaluate(load_task(tmp_path), files, attempt_id="edited").environment["reference_timing"] == (
-        "measured in this evaluation")
+    edited = ev.evaluate(load_task(tmp_path), files, attempt_id="edited")
+    assert edited.environment["reference_timing"] == "measured in this evaluation"
+    assert edited.phases["reference_timing"] > 0 and second.phases["reference_timing"] == 0
 
     never = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all", reuse_reference_timings_s=0)
     for i in range(2):
@@ -363,7 +367,7 @@ def test_prestarted_evaluations_are_fresh_processes_whose_imports_cost_nothing(t
 
     ev.close()
     assert not ev._standby and list(work.iterdir()) == []
-    assert "ksearch-eval" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(work) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
 @pytest.mark.skipif(CUDA, reason="checks the CPU-only answer")
