@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -368,6 +369,20 @@ def test_prestarted_evaluations_are_fresh_processes_whose_imports_cost_nothing(t
     ev.close()
     assert not ev._standby and list(work.iterdir()) == []
     assert str(work) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("job, message", [("not json", "not valid JSON"), ('{"workloads": ""}', "names no task")])
+def test_a_malformed_job_is_reported_in_the_result(tmp_path, job, message):
+    """The judge started ahead of its job writes a result saying what was wrong with the job, not nothing."""
+    (tmp_path / "candidate").mkdir()
+    out = tmp_path / "result.json"
+    child = Path(__file__).resolve().parents[1] / "ksearch_graph" / "_evaluate_child.py"
+    proc = subprocess.run([sys.executable, str(child), "--job-from-stdin", "--candidate", str(tmp_path / "candidate"),
+                           "--out", str(out)], input=job, text=True, capture_output=True, timeout=120,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = EvalResult.model_validate_json(out.read_text())
+    assert r.status == Status.runtime_error and message in r.log_excerpt, explain(r)
 
 
 @pytest.mark.skipif(CUDA, reason="checks the CPU-only answer")
