@@ -454,8 +454,9 @@ def runner_env(private_tmp: str) -> dict:
 
 
 class Judge:
-    def __init__(self, args, task: dict, result: dict, cached: dict):
+    def __init__(self, args, task: dict, result: dict, cached: dict, runner_task: dict):
         self.args, self.task, self.result = args, task, result
+        self.runner_task = runner_task  # what the candidate's process needs to import the candidate
         self.tol = task["tolerance"]
         self.base_seed = int(os.environ.pop(SEED_ENV)) if args.seeds_from_env else secrets.randbits(62)
         self.rng = random.Random(secrets.randbits(64))  # which timed calls get re-checked
@@ -523,8 +524,7 @@ class Judge:
                 expected = self.reference(pristine)
                 self.phases["reference"] += time.perf_counter() - t1
                 self.check(out, got_inputs, pristine, expected, f"{where} {len(times)} (passed the correctness check)")
-                del expected
-                del out, got_inputs, pristine
+                del out, got_inputs, pristine, expected
             else:
                 runner.send(("drop",))
             if last:
@@ -613,7 +613,7 @@ class Judge:
                 self.time_reference(w)
 
         t0 = time.perf_counter()
-        _, compile_s = runner.request(("import", self.task_cfg), args.compile_timeout_s,
+        _, compile_s = runner.request(("import", self.runner_task), args.compile_timeout_s,
                                       "compiling (importing) the candidate")
         self.phases["waiting_for_compile"] = time.perf_counter() - t0
         result["compile_s"] = compile_s
@@ -746,11 +746,12 @@ class Session:
         shutil.rmtree(self.cfg["socket_dir"], ignore_errors=True)
 
 
-def evaluate(session: Session, args, job: dict, result: dict) -> None:
-    """Fill ``result`` in place; raise Failure for a candidate that does not pass."""
-    if not job.get("task"):
+def evaluate(session: Session, args, timings: dict, result: dict) -> None:
+    """Fill ``result`` in place; raise Failure for a candidate that does not pass. ``timings``: reference/baseline
+    timings of an earlier evaluation, to reuse where they fit."""
+    if not args.task:
         raise Failure("runtime_error", "the evaluation's job names no task")
-    task = read_task(job["task"], job["workloads"].split(",") if job.get("workloads") else None)
+    task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
     root = session.cfg["candidate"]
     form = candidate_form(task, root)
     result["environment"] = dict(session.environment)
@@ -760,11 +761,11 @@ def evaluate(session: Session, args, job: dict, result: dict) -> None:
         if DEVICE != "cuda" and (form == "torch_extension" or task["language"] in ("cuda", "cupy")):
             raise Failure("unavailable", f"this task's candidates are {task['language']} code and this machine has "
                           "no CUDA GPU")
-        judge = Judge(args, task, result, job.get("timings") or {})
+        runner_task = {"reference": os.path.join(os.path.abspath(args.task), task["reference"]),
+                       "solution_file": task["solution_file"], "entry_point": task["entry_point"],
+                       "kind": task["entry_kind"], "form": form}
+        judge = Judge(args, task, result, timings, runner_task)
         judge.phases.update(session.phases)
-        judge.task_cfg = {"reference": os.path.join(os.path.abspath(job["task"]), task["reference"]),
-                          "solution_file": task["solution_file"], "entry_point": task["entry_point"],
-                          "kind": task["entry_kind"], "form": form}
         judge.run(session.runner)
     except Failure as f:
         if f.status in ("runtime_error", "timeout") and DEVICE == "cuda":
@@ -874,7 +875,7 @@ def main(argv: list[str] | None = None) -> int:
         session = Session(args)
     except BaseException as e:  # reported once the job is known
         early = e
-    job = {"task": args.task, "workloads": args.workloads, "timings": {}}
+    timings, prestarted = {}, False
     if args.job_from_stdin:
         import select
 
@@ -893,24 +894,23 @@ def main(argv: list[str] | None = None) -> int:
                 session.close()
             return 0
         progress("job received")
-        job.update(got)
-        args.task, args.workloads = job.get("task"), job.get("workloads") or ""
+        args.task, args.workloads, timings = got.get("task"), got.get("workloads") or "", got.get("timings") or {}
         if waiting:  # started ahead of time: the evaluation's clock starts now, imports were off it
             start = time.perf_counter()
             if session is not None:
                 session.phases = {"spawn": 0.0, "imports": 0.0}
-            result["prestarted"] = True
+            prestarted = True
     try:
         if early is not None:
             raise early
-        evaluate(session, args, job, result)
+        evaluate(session, args, timings, result)
     except Failure as f:
         result["status"], result["log_excerpt"] = f.status, clip(f.message)
     except BaseException as e:  # a harness or task problem
         result["log_excerpt"] = clip("evaluation failed: " + "".join(traceback.format_exception(e)))
     if result["status"] != "passed":
         result["score"] = 0.0
-    if result.pop("prestarted", False):
+    if prestarted:
         result["environment"]["prestarted"] = True
     result["wall_s"] = time.perf_counter() - start
     text = json.dumps(result, indent=1)

@@ -212,7 +212,7 @@ class SubprocessEvaluator:
         # could write; the child reuses an entry only for the same task code, workload, GPU and torch.
         self.reuse_reference_timings_s = reuse_reference_timings_s
         self._timings: dict[tuple, dict] = {}  # (task root, visible GPUs) -> {"key", "workloads": {name: entry}}
-        self._timings_lock = threading.Lock()  # the graph may evaluate candidates from several threads
+        self._lock = threading.Lock()  # timings and standby: the graph may evaluate from several threads
         # Start the next evaluation's two processes as soon as one ends, so their imports (torch, CUDA: 3-5 s on an
         # H200 host) happen while the search waits for its LLM, not while it waits for a result. Each evaluation
         # still gets fresh processes. Default: on GPU hosts (on a small CPU machine they would compete for cores).
@@ -223,7 +223,7 @@ class SubprocessEvaluator:
 
     def evaluate(self, task: Task, files: dict[str, str], *, attempt_id: str) -> EvalResult:
         start = time.monotonic()
-        with self._timings_lock:
+        with self._lock:
             started = self._standby.pop() if self._standby else None
             generation = self._generation
         if started is not None and started.proc.poll() is not None:  # it gave up waiting, or died
@@ -252,7 +252,7 @@ class SubprocessEvaluator:
 
     def close(self) -> None:
         """Stop the prestarted processes, if any (also done when the evaluator is garbage-collected, or at exit)."""
-        with self._timings_lock:
+        with self._lock:
             self._generation += 1
             _discard_all(self._standby)
 
@@ -261,7 +261,7 @@ class SubprocessEvaluator:
         search by the time the LLM has written the next candidate. False when there are none, or on timeout."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            with self._timings_lock:
+            with self._lock:
                 started = self._standby[0] if self._standby else None
             if started is None or started.proc.poll() is not None:
                 return False
@@ -272,14 +272,14 @@ class SubprocessEvaluator:
         return False
 
     def _refill(self, generation: int) -> None:
-        with self._timings_lock:
+        with self._lock:
             if self._standby or generation != self._generation:
                 return
         try:
             fresh = self._start()
         except OSError:
             return
-        with self._timings_lock:
+        with self._lock:
             if self._standby or generation != self._generation:  # another thread was quicker, or close() came
                 fresh.discard()
             else:
@@ -371,7 +371,7 @@ class SubprocessEvaluator:
         )
 
     def _reusable_timings(self, slot: tuple) -> dict:
-        with self._timings_lock:
+        with self._lock:
             kept = self._timings.get(slot)
             if not kept or self.reuse_reference_timings_s <= 0:
                 return {}
@@ -383,7 +383,7 @@ class SubprocessEvaluator:
     def _keep_timings(self, slot: tuple, measured: dict) -> None:
         if not measured or self.reuse_reference_timings_s <= 0:
             return
-        with self._timings_lock:
+        with self._lock:
             kept = self._timings.get(slot)
             if kept is None or kept["key"] != measured["key"]:  # the task's code or the GPU changed: start over
                 kept = self._timings[slot] = {"key": measured["key"], "workloads": {}}
