@@ -24,9 +24,11 @@ Order of work:
    GPU. Then the runner imports the candidate (compile time, under its own limit).
 2. Correctness: every workload, ``correctness_seeds`` input sets each, derived from a base seed drawn per evaluation.
    Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
-3. Timing of the timed workloads, holding the GPU's timing lock: every timed call on a freshly generated input set,
-   L2 flushed, events plus a device-wide synchronize; the first and last timed call and a random fifth of the others
-   are re-checked against the reference, chosen after the call so the candidate cannot tell which.
+3. Timing of the timed workloads, holding the GPU's timing lock, in bursts (``rl.timed_burst``): every timed call
+   on its own freshly generated input set, L2 flushed, events plus a device-wide synchronize; the task's ``timing``
+   says how calls are spaced (back_to_back: back to back after a moment of the same load; isolated: each after ~2 ms of
+   writes that bring the clocks up). After each burst the judge picks which calls to re-check against the
+   reference (the first and last timed call, and a random fifth of the others): the candidate cannot tell which.
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ SEED_ENV = "KSEARCH_EVAL_SEED"
 RESULT_KEY_ENV = "KSEARCH_RESULT_KEY"  # signs the result file, so a forged or overwritten one is recognised
 ESCAPE_SLACK_US = 10.0  # device work past a call's end event (median), before it counts as the call's
 CHECK_PROBABILITY = 0.2  # share of timed calls (besides the first and last) whose output is re-checked
+# Timed calls run in bursts on inputs generated beforehand (see rl.timed_burst); a burst holds at most this much of
+# inputs and output copies on the device (an eighth of it: 17 GB on an H200, 3 GB on a 24 GB card), and host memory.
+BURST_BYTES_GPU, BURST_BYTES_CPU = 8 << 30, 256 << 20
 TRIVIAL_REL_L2 = 0.5  # an output this far from the reference in L2 fails even if every element is within atol
 COMPARE_CHUNK = 1 << 26  # elements compared at a time in float64 (bounds the comparison's extra memory)
 DEVICE = "cpu"  # set once by evaluate()
@@ -240,6 +245,10 @@ def index_of(flat_index: int, shape: tuple) -> list[int]:
     return idx[::-1]
 
 
+def nbytes(value) -> int:
+    return sum(t.numel() * t.element_size() for t in rl._leaves(value) if isinstance(t, torch.Tensor))
+
+
 def same(a, b) -> bool:
     if isinstance(a, torch.Tensor):
         if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
@@ -388,6 +397,7 @@ def read_task(task_dir: str, only: list[str] | None) -> dict:
     task.setdefault("entry_kind", "function")
     task.setdefault("correctness_seeds", 3)
     task.setdefault("baseline", None)
+    task.setdefault("timing", "back_to_back")
     task["tolerance"] = {"atol": 1e-5, "rtol": 1e-5, "matched_ratio": 1.0} | task.get("tolerance", {})
     for w in task["workloads"]:
         w.setdefault("timed", True)
@@ -469,10 +479,15 @@ class Judge:
             self.baseline = getattr(base, task["entry_point"])
         self.phases = {"waiting_for_runner": 0.0, "reference_timing": 0.0, "waiting_for_compile": 0.0,
                        "reference": 0.0, "correctness": 0.0, "timing": 0.0, "checks": 0.0}
-        self.timings_key = timings_key(args.task, task)
+        self.mode = getattr(args, "timing", None) or task["timing"]
+        if self.mode not in rl.TIMING_MODES:
+            raise Failure("runtime_error", f"timing must be one of {list(rl.TIMING_MODES)}, not {self.mode!r}")
+        result["environment"]["timing"] = self.mode
+        self.timings_key = timings_key(args.task, task, self.mode)
         self.cached = cached if isinstance(cached, dict) and cached.get("key") == self.timings_key else {}
         self.measured = {}  # reference/baseline timings measured here, for the parent to reuse
         self.ref_timing, self.base_timing, self.reused = {}, {}, 0
+        self.call_bytes = {}  # per workload: one input set and its output, for the size of timing bursts
 
     def inputs(self, w: dict, seed: int):
         return self.ref.make_inputs(w["params"], seed, DEVICE)
@@ -484,49 +499,77 @@ class Judge:
 
     # -- timing on this side (reference, baseline) and on the runner's (candidate), the same way -------------------
 
+    def burst_size(self, done: int, call_bytes: int, call_s: float) -> int:
+        """How many calls the next burst makes: MIN_RUNS first, then twice as many as so far (fewer heats), within
+        half the timing budget, the burst memory (inputs and output copies) and MAX_RUNS in all."""
+        if DEVICE == "cuda":
+            memory = min(BURST_BYTES_GPU, torch.cuda.get_device_properties(0).total_memory // 8)
+        else:
+            memory = BURST_BYTES_CPU
+        size = self.min_runs if not done else max(self.min_runs, min(2 * done, int(
+            self.args.time_budget_s / 2 / max(call_s, 1e-6))))
+        return max(1, min(size, memory // max(1, call_bytes), rl.MAX_RUNS - done))
+
     def time_local(self, fn, w: dict, tag: str) -> dict:
+        """Reference or baseline timing: the candidate's procedure, run here on this side's functions."""
         times = []
         call = lambda k: rl.prepare(fn, self.inputs(w, derive_seed(self.base_seed, w["name"], tag, k)),  # noqa
                                     self.task["entry_kind"], DEVICE)
         f, a = call(-1)
         with torch.no_grad():
-            f(*a)  # warm-up: compile, autotune and caches stay outside the timed region
+            t0 = time.perf_counter()
+            out = f(*a)  # warm-up: compile, autotune and caches stay outside the timed region
             self.timer.sync()
+            call_s = time.perf_counter() - t0
+            call_bytes = nbytes(self.inputs(w, 0)) + nbytes(out)
+            del out
             self.timer.warm_clocks()
             started = time.perf_counter()
             while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs):
-                f, a = call(len(times))
-                times.append(self.timer.time(f, a)[1])
-                del f, a
+                if self.mode == "back_to_back":
+                    self.timer.heat(f, a)
+                calls = [call(len(times) + k) for k in range(self.burst_size(len(times), call_bytes, call_s))]
+                times += [us for _, us, _, _ in rl.timed_burst(self.timer, calls, self.mode)]
+                del calls
         return {"mean_us": statistics.fmean(times), "runs": len(times)}
 
     def time_candidate(self, runner: RunnerProcess, w: dict) -> tuple[list[float], list[str]]:
-        name, notes = w["name"], []
+        name, params, notes = w["name"], w["params"], []
         where = f"workload {name}, timed call"
-        runner.request(("warm", name, w["params"], derive_seed(self.base_seed, name, "warm"), False),
-                       self.args.call_timeout_s, f"{where} (warm-up)")
+        _, call_s = runner.request(("warm", name, params, derive_seed(self.base_seed, name, "warm"), False),
+                                   self.args.call_timeout_s, f"{where} (warm-up)")
         times, escapes, started = [], [], time.perf_counter()
         while True:
-            seed = derive_seed(self.base_seed, name, "time", len(times))
-            _, us, escaped, host_us, flags = runner.request(("time", name, w["params"], seed, False),
-                                                         self.args.call_timeout_s, where)
+            first = len(times)
+            seeds = [derive_seed(self.base_seed, name, "time", first + k)
+                     for k in range(self.burst_size(first, self.call_bytes[name], call_s))]
+            _, timed, flags = runner.request(
+                ("burst", name, params, seeds, self.mode, derive_seed(self.base_seed, name, "heat", first)),
+                2 * self.args.call_timeout_s, where)
             self.check_flags(flags, where)
-            if us > host_us * 1.05 + 50:
-                raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) exceeds the host time around "
-                              f"the call ({host_us:.0f} us): the timer was tampered with")
-            times.append(us)
-            escapes.append(escaped)
+            if not isinstance(timed, list) or len(timed) != len(seeds):
+                raise Failure("suspicious", f"{where}: the candidate's process timed {len(timed)} calls, not "
+                              f"{len(seeds)}")
+            for us, escaped, host_us in timed:
+                if us > host_us * 1.05 + 50:
+                    raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) exceeds the host time "
+                                  f"around the call ({host_us:.0f} us): the timer was tampered with")
+                times.append(us)
+                escapes.append(escaped)
             last = rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs)
-            if len(times) == 1 or last or self.rng.random() < CHECK_PROBABILITY:
-                _, out, got_inputs, _, _, _ = runner.request(("send",), self.args.call_timeout_s, where)
+            # Which outputs get re-checked is chosen now, after the burst: the candidate cannot tell which.
+            chosen = [i for i in range(len(seeds)) if (first == 0 and i == 0) or (last and i == len(seeds) - 1)
+                      or self.rng.random() < CHECK_PROBABILITY]
+            for i in chosen:
+                _, out, got_inputs, _, _, _ = runner.request(("send", i), self.args.call_timeout_s, where)
                 t1 = time.perf_counter()
-                pristine = self.inputs(w, seed)
+                pristine = self.inputs(w, seeds[i])
                 expected = self.reference(pristine)
                 self.phases["reference"] += time.perf_counter() - t1
-                self.check(out, got_inputs, pristine, expected, f"{where} {len(times)} (passed the correctness check)")
+                self.check(out, got_inputs, pristine, expected,
+                           f"{where} {first + i + 1} (passed the correctness check)")
                 del out, got_inputs, pristine, expected
-            else:
-                runner.send(("drop",))
+            runner.send(("drop",))
             if last:
                 break
         # Work left running on another stream finishes after the call's end event. When the device stays busy
@@ -645,6 +688,7 @@ class Judge:
                                   "judge's before the call (make_inputs patched, or not deterministic)")
                 self.check_flags(flags, where)
                 self.check(out, got_inputs, pristine, expected, where, results[name])
+                self.call_bytes[name] = nbytes(pristine) + nbytes(expected)
                 del out, got_inputs, pristine, expected
                 self.phases["correctness"] += time.perf_counter() - t0
             results[name]["correct"] = True
@@ -694,7 +738,7 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def timings_key(task_dir: str, task: dict) -> str:
+def timings_key(task_dir: str, task: dict, mode: str) -> str:
     """What reference and baseline timings depend on besides the workload: the task's code, the GPU, the versions.
     Timings passed in under another key (the task was edited, another GPU) are measured again."""
     import hashlib
@@ -705,7 +749,7 @@ def timings_key(task_dir: str, task: dict) -> str:
             with open(os.path.join(task_dir, rel), "rb") as f:
                 digest.update(f.read() + b"\0")
     gpu = str(torch.cuda.get_device_properties(0).uuid) if DEVICE == "cuda" else platform.node()
-    digest.update(f"{gpu}:{torch.__version__}:{DEVICE}".encode())
+    digest.update(f"{gpu}:{torch.__version__}:{DEVICE}:{mode}".encode())
     return digest.hexdigest()[:32]
 
 
@@ -856,9 +900,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-network-isolation", action="store_true",
                         help="do not put the candidate in its own network namespace")
     parser.add_argument("--job-from-stdin", action="store_true",
-                        help="start both processes, then wait for the job on stdin: JSON with task, workloads and "
-                        "timings (reference/baseline timings of an earlier evaluation, reused when measured on this "
+                        help="start both processes, then wait for the job on stdin: JSON with task, workloads, "
+                        "timing (optional, as --timing) and timings (reference/baseline timings of an earlier evaluation, reused when measured on this "
                         "GPU for the same task code and workload); replaces --task and --workloads")
+    parser.add_argument("--timing", choices=["back_to_back", "isolated"],
+                        help="how timed calls are spaced (default: the task's `timing`, else back_to_back)")
     parser.add_argument("--standby-limit-s", type=float, default=900,
                         help="with --job-from-stdin: give up when no job has come after this long")
     args = parser.parse_args(argv)
@@ -895,6 +941,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         progress("job received")
         args.task, args.workloads, timings = got.get("task"), got.get("workloads") or "", got.get("timings") or {}
+        args.timing = got.get("timing") or args.timing
         if waiting:  # started ahead of time: the evaluation's clock starts now, imports were off it
             start = time.perf_counter()
             if session is not None:
