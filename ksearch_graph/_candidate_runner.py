@@ -31,9 +31,7 @@ torch = None  # imported by load_torch(), after the network namespace is gone
 
 MIN_RUNS, MAX_RUNS = 3, 100
 MIN_RUNS_GPU = 10  # three steady samples can all come from one clock state (seen on the H200: 157 vs 133 us)
-BUSY_FLUSHES = 24  # isolated timing: 256 MB writes before each timed call, ~2 ms of work, so the clocks are up
-HEAT_S = 0.02  # back-to-back timing: this long of the same calls first, so clocks and power settle as under load
-TIMING_MODES = ("back_to_back", "isolated")
+HEAT_S = 0.02  # before a burst of timed calls, this long of the same calls: clocks and power settle as under load
 TARGET_RSE = 0.01  # stop timing once the relative standard error of the mean is below 1%
 FLUSH_BYTES = 256 << 20  # at least 2x the L2 of any current GPU (H200: 50 MB)
 LOG_LIMIT = 2000
@@ -251,9 +249,8 @@ class Timer:
                 self.zero_(self.flush)
                 self.sync()
 
-    def time(self, fn, args, busy_flushes: int = BUSY_FLUSHES) -> tuple:
-        """(output, device us, escaped us, host us) of one call, after ``busy_flushes`` 256 MB writes (the last one
-        is the L2 flush).
+    def time(self, fn, args) -> tuple:
+        """(output, device us, escaped us, host us) of one call, the L2 flushed first (256 MB written).
 
         Escaped: how much longer the device stayed busy after the call's end event than it takes this process, right
         now, to see an idle device (a probe just before the call). Work the call left on another stream shows here.
@@ -272,10 +269,9 @@ class Timer:
             self.runtime.reset_persisting_l2()
         probe = self.idle_gap_us()
         start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
-        # The writes keep the GPU busy while the call is launched, so launch overhead is hidden the way it is in
-        # back-to-back use; in isolated timing a couple of ms of them also bring idle clocks back up.
-        for _ in range(busy_flushes):
-            self.zero_(self.flush)
+        # The flush also keeps the GPU busy while the call is launched, so launch overhead is hidden the way it is
+        # in back-to-back use.
+        self.zero_(self.flush)
         h0 = self.perf()
         self.record(start)
         out = fn(*args)
@@ -287,8 +283,8 @@ class Timer:
         return out, self.elapsed(start, end) * 1e3, self.elapsed(end, idle) * 1e3 - probe, (h1 - h0) * 1e6
 
     def heat(self, fn, args, seconds: float = HEAT_S, min_calls: int = 2) -> None:
-        """Back-to-back timing: the timed calls' own pattern (flush, call, synchronize) for a moment first: it
-        brings idle clocks up the way the candidate's own load does (isolated timing uses memory writes instead)."""
+        """The timed calls' own pattern (flush, call, synchronize) for a moment before a burst: it brings idle
+        clocks up the way the candidate's own load does."""
         if not self.cuda:
             return
         until, calls = self.perf() + seconds, 0
@@ -310,26 +306,24 @@ class Timer:
         return self.elapsed(a, b) * 1e3
 
 
-def timed_burst(timer: Timer, calls: list, mode: str) -> list[tuple]:
+def timed_burst(timer: Timer, calls: list) -> list[tuple]:
     """Time ``calls`` ((fn, args) on distinct, already generated inputs) one after another: [(snapshot of the
     output, device us, escaped us, host us)]. The reference (in the judge) and the candidate (here) both go through it.
 
-    Two modes, the task's choice (``timing`` in task.json):
-    - back_to_back (the default): after ``Timer.heat`` (the caller's, on other inputs), each call follows the
-      previous one with only the L2 flush, a device-wide synchronize and an output copy in between, as
-      FlashInfer-Bench times (it synchronizes after each call too). These steps still leave gaps: an 8192^3 bf16
-      matmul that ``triton.testing.do_bench``'s uninterrupted calls hold at the H200's power limit (1.62 ms) reads
-      1.38 ms here (BENCHMARKS.md).
-    - isolated: ~2 ms of memory writes before each call bring the clocks up, so every call is timed at full clocks
-      as after a pause: a kernel called now and then, or GPU MODE's one-call-at-a-time checks.
-    Inputs are generated before the burst, after the heat: generating them between calls is memory work that
-    changes the GPU's load between calls, and candidate code that runs untimed (the heat) must not see the timed
-    inputs.
+    After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only the L2 flush,
+    a device-wide synchronize and an output copy in between, as FlashInfer-Bench times (it synchronizes after each
+    call too). These steps still leave gaps: an 8192^3 bf16 matmul that ``triton.testing.do_bench``'s uninterrupted
+    calls hold at the H200's power limit (1.63 ms) reads 1.38 ms here (BENCHMARKS.md). Inputs are generated before
+    the burst, after the heat: generating them between calls is memory work that changes the GPU's load between
+    calls, and candidate code that runs untimed (the heat) must not see the timed inputs.
+
+    (Session 4 tried a second way, ~2 ms of memory writes before each call to time it at full clocks: on the H200
+    the side-stream check then read 25-53 us of work after honest calls, charged to them in 5 of 15 workload
+    evaluations, so it was dropped.)
     """
-    flushes = 1 if mode == "back_to_back" else BUSY_FLUSHES
     done = []
     for fn, args in calls:
-        out, us, escaped, host = timer.time(fn, args, flushes)
+        out, us, escaped, host = timer.time(fn, args)
         done.append((snapshot(out, timer.sync), us, escaped, host))
         del out
     return done
@@ -506,17 +500,16 @@ class Runner:
                             + describe(e, self.root)))
             raise SystemExit(1) from None
 
-    def burst(self, workload: str, params: dict, seeds: list, mode: str, heat_seed: int) -> None:
+    def burst(self, workload: str, params: dict, seeds: list, heat_seed: int) -> None:
         """Timed calls, one per seed, each on its own inputs; outputs and inputs held for the judge's checks."""
         self.held = []
         progress(f"time {workload} x{len(seeds)}")
         try:
-            if mode == "back_to_back":  # before the timed inputs exist: candidate code here cannot work ahead on them
-                _, fn, args = self.inputs(workload, params, heat_seed)
-                self.timer.heat(fn, args)
-                del fn, args
+            _, fn, args = self.inputs(workload, params, heat_seed)
+            self.timer.heat(fn, args)  # before the timed inputs exist: candidate code here cannot work ahead on them
+            del fn, args
             pool = [self.inputs(workload, params, seed) for seed in seeds]
-            done = timed_burst(self.timer, [(fn, args) for _, fn, args in pool], mode)
+            done = timed_burst(self.timer, [(fn, args) for _, fn, args in pool])
         except SystemExit:  # inputs() has reported it
             raise
         except BaseException as e:

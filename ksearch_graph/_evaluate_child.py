@@ -25,10 +25,8 @@ Order of work:
 2. Correctness: every workload, ``correctness_seeds`` input sets each, derived from a base seed drawn per evaluation.
    Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
 3. Timing of the timed workloads, holding the GPU's timing lock, in bursts (``rl.timed_burst``): every timed call
-   on its own freshly generated input set, L2 flushed, events plus a device-wide synchronize; the task's ``timing``
-   says how calls are spaced (back_to_back: back to back after a moment of the same load; isolated: each after ~2 ms of
-   writes that bring the clocks up). After each burst the judge picks which calls to re-check against the
-   reference (the first and last timed call, and a random fifth of the others): the candidate cannot tell which.
+   on its own freshly generated input set, back to back after a moment of the same load, L2 flushed, events plus
+   a device-wide synchronize. After each burst the judge picks which calls to re-check against the reference (the first and last timed call, and a random fifth of the others): the candidate cannot tell which.
 """
 
 from __future__ import annotations
@@ -397,7 +395,6 @@ def read_task(task_dir: str, only: list[str] | None) -> dict:
     task.setdefault("entry_kind", "function")
     task.setdefault("correctness_seeds", 3)
     task.setdefault("baseline", None)
-    task.setdefault("timing", "back_to_back")
     task["tolerance"] = {"atol": 1e-5, "rtol": 1e-5, "matched_ratio": 1.0} | task.get("tolerance", {})
     for w in task["workloads"]:
         w.setdefault("timed", True)
@@ -479,11 +476,7 @@ class Judge:
             self.baseline = getattr(base, task["entry_point"])
         self.phases = {"waiting_for_runner": 0.0, "reference_timing": 0.0, "waiting_for_compile": 0.0,
                        "reference": 0.0, "correctness": 0.0, "timing": 0.0, "checks": 0.0}
-        self.mode = getattr(args, "timing", None) or task["timing"]
-        if self.mode not in rl.TIMING_MODES:
-            raise Failure("runtime_error", f"timing must be one of {list(rl.TIMING_MODES)}, not {self.mode!r}")
-        result["environment"]["timing"] = self.mode
-        self.timings_key = timings_key(args.task, task, self.mode)
+        self.timings_key = timings_key(args.task, task)
         self.cached = cached if isinstance(cached, dict) and cached.get("key") == self.timings_key else {}
         self.measured = {}  # reference/baseline timings measured here, for the parent to reuse
         self.ref_timing, self.base_timing, self.reused = {}, {}, 0
@@ -526,10 +519,9 @@ class Judge:
             self.timer.warm_clocks()
             started = time.perf_counter()
             while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs):
-                if self.mode == "back_to_back":
-                    self.timer.heat(f, a)
+                self.timer.heat(f, a)
                 calls = [call(len(times) + k) for k in range(self.burst_size(len(times), call_bytes, call_s))]
-                times += [us for _, us, _, _ in rl.timed_burst(self.timer, calls, self.mode)]
+                times += [us for _, us, _, _ in rl.timed_burst(self.timer, calls)]
                 del calls
         return {"mean_us": statistics.fmean(times), "runs": len(times)}
 
@@ -544,7 +536,7 @@ class Judge:
             seeds = [derive_seed(self.base_seed, name, "time", first + k)
                      for k in range(self.burst_size(first, self.call_bytes[name], call_s))]
             _, timed, flags = runner.request(
-                ("burst", name, params, seeds, self.mode, derive_seed(self.base_seed, name, "heat", first)),
+                ("burst", name, params, seeds, derive_seed(self.base_seed, name, "heat", first)),
                 2 * self.args.call_timeout_s, where)
             self.check_flags(flags, where)
             if not isinstance(timed, list) or len(timed) != len(seeds):
@@ -738,7 +730,7 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def timings_key(task_dir: str, task: dict, mode: str) -> str:
+def timings_key(task_dir: str, task: dict) -> str:
     """What reference and baseline timings depend on besides the workload: the task's code, the GPU, the versions.
     Timings passed in under another key (the task was edited, another GPU) are measured again."""
     import hashlib
@@ -749,7 +741,7 @@ def timings_key(task_dir: str, task: dict, mode: str) -> str:
             with open(os.path.join(task_dir, rel), "rb") as f:
                 digest.update(f.read() + b"\0")
     gpu = str(torch.cuda.get_device_properties(0).uuid) if DEVICE == "cuda" else platform.node()
-    digest.update(f"{gpu}:{torch.__version__}:{DEVICE}:{mode}".encode())
+    digest.update(f"{gpu}:{torch.__version__}:{DEVICE}".encode())
     return digest.hexdigest()[:32]
 
 
@@ -900,11 +892,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-network-isolation", action="store_true",
                         help="do not put the candidate in its own network namespace")
     parser.add_argument("--job-from-stdin", action="store_true",
-                        help="start both processes, then wait for the job on stdin: JSON with task, workloads, "
-                        "timing (optional, as --timing) and timings (reference/baseline timings of an earlier evaluation, reused when measured on this "
+                        help="start both processes, then wait for the job on stdin: JSON with task, workloads and "
+                        "timings (reference/baseline timings of an earlier evaluation, reused when measured on this "
                         "GPU for the same task code and workload); replaces --task and --workloads")
-    parser.add_argument("--timing", choices=["back_to_back", "isolated"],
-                        help="how timed calls are spaced (default: the task's `timing`, else back_to_back)")
     parser.add_argument("--standby-limit-s", type=float, default=900,
                         help="with --job-from-stdin: give up when no job has come after this long")
     args = parser.parse_args(argv)
@@ -941,7 +931,6 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         progress("job received")
         args.task, args.workloads, timings = got.get("task"), got.get("workloads") or "", got.get("timings") or {}
-        args.timing = got.get("timing") or args.timing
         if waiting:  # started ahead of time: the evaluation's clock starts now, imports were off it
             start = time.perf_counter()
             if session is not None:

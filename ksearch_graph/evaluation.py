@@ -185,7 +185,6 @@ class SubprocessEvaluator:
         isolate_network: bool = True,
         reuse_reference_timings_s: float = 1800.0,
         prestart: bool | None = None,
-        timing: Literal["back_to_back", "isolated"] | None = None,
     ):
         if workloads not in ("feedback", "all"):
             raise ValueError(f"workloads must be 'feedback' or 'all', not {workloads!r}")
@@ -207,9 +206,6 @@ class SubprocessEvaluator:
         self.cache_dir = cache_dir or os.environ.get("KSEARCH_CACHE_DIR") or str(
             Path.home() / ".cache" / "ksearch_graph")
         self.isolate_network = isolate_network
-        if timing not in (None, "back_to_back", "isolated"):
-            raise ValueError(f"timing must be 'back_to_back', 'isolated' or None (the task's), not {timing!r}")
-        self.timing = timing  # None: each task's own (task.json `timing`)
         # The reference (and baseline) is timed once per session and GPU, then reused for this long: every candidate
         # of a search is compared with the same reference figure, and an evaluation saves its timing (1.6 s for
         # TriMul). 0 times it in every evaluation. Kept here, in the trusted parent, never in a file a candidate
@@ -321,8 +317,7 @@ class SubprocessEvaluator:
             return EvalResult(status=Status.compile_error, log_excerpt=str(e))
         timings_slot = (task.root, os.environ.get("CUDA_VISIBLE_DEVICES"))
         workloads = ",".join(w.name for w in task.feedback_workloads()) if self.workloads == "feedback" else ""
-        job = {"task": task.root, "workloads": workloads, "timings": self._reusable_timings(timings_slot),
-               "timing": self.timing}
+        job = {"task": task.root, "workloads": workloads, "timings": self._reusable_timings(timings_slot)}
         data, refused = json.dumps(job).encode(), []
 
         def send() -> None:  # from a thread: a child that does not read must not stall us past the timeout

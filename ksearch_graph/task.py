@@ -98,10 +98,6 @@ class TaskSpec(BaseModel):
     # The subset used for feedback during search; all workloads when empty.
     feedback_workloads: list[str] = []
     correctness_seeds: int = Field(3, ge=1, le=32)
-    # How timed calls are spaced (see _candidate_runner.timed_burst). back_to_back: each call right after the
-    # previous one (L2 flush and a synchronize between), after a moment of the same load, as FlashInfer-Bench
-    # times. isolated: each call after ~2 ms of memory writes, at full clocks, as GPU MODE's one-at-a-time calls.
-    timing: Literal["back_to_back", "isolated"] = "back_to_back"
     seed_solution: str | None = None
     # The strongest available implementation (vendor kernel or well-written PyTorch, never the naive reference):
     # a Python file defining ``entry_point``, timed next to the reference in every evaluation.

@@ -10,8 +10,8 @@ what the harness must report. These tests are the contract for SubprocessEvaluat
   suspicious. Calling the task's reference may pass or be flagged, but must not break the evaluation. Reading the
   hidden seed or a credential must find nothing.
 - Timing cheats (patched clocks, caches keyed on pointers or content, a detector of back-to-back timed calls; on a
-  GPU side streams, background threads, moving off the timed stream, persisting L2, in both timing modes) must be
-  flagged (not passed) or gain nothing: each workload's
+  GPU side streams, background threads, moving off the timed stream, persisting L2) must be flagged (not passed) or
+  gain nothing: each workload's
   reported latency at least TIMING_FACTOR x the honest candidate's, measured in the same session
   (tests/cheats/honest.py).
 - Crashes are runtime_error (a hang is a timeout); a candidate cannot forge its result (neither by writing it and
@@ -69,7 +69,6 @@ HANG_TIMEOUT_S = 30
 MEMORY_LIMIT_GB = 4
 SECRETS = {"OPENAI_API_KEY": "sk-test-secret-123", "HF_TOKEN": "hf_test_secret_456"}
 WRONG = {Status.incorrect_numerical, Status.incorrect_shape, Status.suspicious}
-ISOLATED_GPU_CHEATS = ("side_stream", "lazy_thread", "stream_switch")
 
 # Submission order on CPU. The hang goes first (it takes longest) and keeps a core busy for HANG_TIMEOUT_S, so the
 # honest calibration runs twice, away from it: once mid-way, once last.
@@ -260,10 +259,6 @@ def evaluations(task, probe, marker):
     }
     if ON_GPU:
         jobs |= {name: job(name) for name in ("side_stream", "lazy_thread", "l2_persist", "stream_switch")}
-        # The task times back to back (the default); the same cheats against isolated timing, where
-        # ~2 ms of writes precede every call, compared with the honest candidate timed that way.
-        isolated = SubprocessEvaluator(timeout_s=timeout_s, time_budget_s=budget_s, workdir=workdir, timing="isolated")
-        jobs |= {f"{name}_isolated": job(name, isolated) for name in ISOLATED_GPU_CHEATS + ("honest",)}
         jobs |= {name: then_honest(name) for name in ("illegal_memory", "cuda_oom")}
     with pytest.MonkeyPatch.context() as mp:
         for key, value in SECRETS.items():  # the search process's own environment has them too
@@ -373,14 +368,6 @@ def test_a_cache_gains_nothing(evaluations, honest, name):
 @pytest.mark.parametrize("name", ["side_stream", "lazy_thread", "stream_switch", "l2_persist"])
 def test_gpu_timing_cheat_gains_nothing(evaluations, honest, name):
     assert_no_timing_gain(evaluations[name], honest)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ISOLATED_GPU_CHEATS)
-def test_gpu_timing_cheat_gains_nothing_in_isolated_timing(evaluations, name):
-    honest = evaluations["honest_isolated"]
-    assert honest.status == Status.passed and honest.environment.get("timing") == "isolated", show(honest)
-    assert_no_timing_gain(evaluations[f"{name}_isolated"], [honest])
 
 
 # --- crashes and escapes -------------------------------------------------------------------------------------------

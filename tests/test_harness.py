@@ -341,39 +341,6 @@ def test_reference_timings_are_measured_once_per_session(tmp_path):
         assert r.environment["reference_timing"] == "measured in this evaluation", explain(r)
 
 
-def test_timing_mode_comes_from_the_task_or_the_evaluator(tmp_path):
-    """task.json's ``timing`` says how timed calls are spaced (back to back by default); an evaluator's ``timing``
-    overrides it. Reference timings of one mode are not reused for the other, and a bad mode is a clear error."""
-    default = write_task(tmp_path / "default")
-    isolated = write_task(tmp_path / "isolated", timing="isolated")
-    files = {"kernel.py": HONEST}
-    ev = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all")
-    runs = {"default": ev.evaluate(default, files, attempt_id="t0"),
-            "isolated": ev.evaluate(isolated, files, attempt_id="t1"),
-            "overridden": SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all", timing="isolated")
-            .evaluate(default, files, attempt_id="t2")}
-    for name, r in runs.items():
-        assert r.passed and all(w.runs >= 3 for w in r.workloads), explain(r)
-    assert [r.environment["timing"] for r in runs.values()] == ["back_to_back", "isolated", "isolated"]
-
-    # The same task, first timed one way and then the other by one evaluator: the reference is timed again.
-    switch = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all")
-    switch.evaluate(isolated, files, attempt_id="s0")
-    switch.timing = "back_to_back"
-    again = switch.evaluate(isolated, files, attempt_id="s1")
-    assert again.environment["reference_timing"] == "measured in this evaluation", explain(again)
-
-    with pytest.raises(ValueError, match="timing"):
-        write_task(tmp_path / "bad", timing="back-to-back")
-    with pytest.raises(ValueError, match="timing"):
-        SubprocessEvaluator(timing="fast")
-    # A task.json edited after it was loaded reaches the judge as it is on disk: reported, not a crash.
-    manifest = json.loads((tmp_path / "default" / "task.json").read_text())
-    (tmp_path / "default" / "task.json").write_text(json.dumps(manifest | {"timing": "fast"}))
-    r = ev.evaluate(default, files, attempt_id="t3")
-    assert r.status == Status.runtime_error and "timing must be one of" in r.log_excerpt, explain(r)
-
-
 def test_prestarted_evaluations_are_fresh_processes_whose_imports_cost_nothing(tmp_path):
     """With prestart the next evaluation's processes start (and import torch) as soon as one evaluation ends; the
     next evaluate() hands them the job. A prestarted pair that died is replaced; close() leaves nothing behind."""

@@ -3,14 +3,12 @@
     python tools/gpu_selftest.py [--out DIR] [--skip-tests] [--skip-calibration] [--skip-trimul] [--tests FILE ...]
 
 1. pytest over the harness's test files with the ``gpu`` marker included (on a CPU machine they skip themselves).
-2. Calibration (tools/calibration/): each workload evaluated by the harness three times in each timing mode, in
-   fresh processes, and timed independently, with none of the harness's code, the way each mode defines a call:
-   back_to_back against ``triton.testing.do_bench`` (cold L2: it zeroes a 256 MB buffer before every call; 300 ms of
-   uninterrupted calls) and against calls on 8 input sets in turn with a flush before and a synchronize after each
-   (the harness's pattern without its checks and copies);
-   isolated against calls each preceded by ~2 ms of 256 MB writes (clocks up, L2 flushed), events around one call.
-   CUDA-graph replay of 20 calls (warm L2) is shown for reference. Prints a table per mode: harness mean, its spread
-   over the three evaluations, each independent figure with the difference.
+2. Calibration (tools/calibration/): each workload evaluated by the harness three times, in fresh processes, and
+   timed independently with none of the harness's code: ``triton.testing.do_bench`` (cold L2: it zeroes a 256 MB
+   buffer before every call; 300 ms of uninterrupted calls), calls on 8 input sets in turn with a flush before and a
+   synchronize after each (the harness's pattern without its checks and copies), and CUDA-graph replay of 20 calls
+   (warm L2). Prints a table: harness mean, its spread over the three evaluations, each independent figure with the
+   difference.
 3. TriMul (examples/trimul/, all 25 workloads: 18 correctness-only + 7 timed) with the seed submission, three times
    with one evaluator, as a search would: the first evaluation times the reference, the next two reuse its timings
    and find their processes prestarted (imports done). Each with the evaluation's phase breakdown.
@@ -60,24 +58,21 @@ def independent_times(workload) -> dict:
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-    def timed(args, flushes: int) -> float:
-        for _ in range(flushes):
-            flush.zero_()
+    def timed(args) -> float:
+        flush.zero_()
         start.record()
         kernel.op(*args)
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end) * 1e3
 
-    # Back to back on 8 input sets in turn, a synchronize after each call (as the harness's back_to_back mode), after
-    # 50 ms of the same.
+    # Back to back on 8 input sets in turn, a synchronize after each call (the harness's pattern), after 50 ms of the
+    # same.
     pool = [reference.make_inputs(workload.params, 2000 + i, "cuda") for i in range(8)]
     until = time.perf_counter() + 0.05
     while time.perf_counter() < until:
-        timed(pool[0], 1)
-    rotated = [timed(pool[i % 8], 1) for i in range(40)]
-    # Isolated calls: 24 writes of 256 MB before each (the harness's isolated mode), median of 30.
-    isolated = [timed(pool[i % 8], 24) for i in range(30)]
+        timed(pool[0])
+    rotated = [timed(pool[i % 8]) for i in range(40)]
     del pool
     # CUDA graph replay: 20 calls captured back to back (warm L2 between them: a lower bound for small kernels).
     stream = torch.cuda.Stream()
@@ -99,11 +94,10 @@ def independent_times(workload) -> dict:
         reps.append(start.elapsed_time(end) * 1e3 / 20)
     del graph
     return {"do_bench_us": do_bench_ms * 1e3, "rotated_us": statistics.fmean(rotated),
-            "isolated_us": statistics.median(isolated), "graph_us": statistics.median(reps)}
+            "graph_us": statistics.median(reps)}
 
 
-# Per mode: the independent figures its harness figure is compared with.
-COMPARED = {"back_to_back": ("do_bench_us", "rotated_us"), "isolated": ("isolated_us",)}
+COMPARED = ("do_bench_us", "rotated_us")  # the independent figures the harness's is compared with
 
 
 def calibrate(rows: list) -> None:
@@ -112,29 +106,26 @@ def calibrate(rows: list) -> None:
 
     task = load_task(ROOT / "tools" / "calibration")
     source = (ROOT / "tools" / "calibration" / "kernel.py").read_text()
-    harness = {}
-    for mode in COMPARED:
-        evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0, timing=mode)
-        for i in range(3):
-            r = evaluator.evaluate(task, {"kernel.py": source}, attempt_id=f"calibration-{mode}-{i}")
-            print(f"calibration {mode} evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.1f} s "
-                  f"{r.log_excerpt[:300]}", flush=True)
-            harness.setdefault(mode, []).append(r)
-        evaluator.close()  # its prestarted processes would share the GPU with the independent timings below
+    evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0)
+    runs = []
+    for i in range(3):
+        r = evaluator.evaluate(task, {"kernel.py": source}, attempt_id=f"calibration-{i}")
+        print(f"calibration evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.1f} s {r.log_excerpt[:300]}",
+              flush=True)
+        runs.append(r)
+    evaluator.close()  # its prestarted processes would share the GPU with the independent timings below
     for w in task.spec.workloads:
-        independent = independent_times(w)
-        for mode, names in COMPARED.items():
-            found = [next(x for x in r.workloads if x.workload == w.name) for r in harness[mode] if r.passed]
-            row = {"workload": w.name, "mode": mode, "harness_us": [round(x.latency_us, 2) for x in found],
-                   "runs": [x.runs for x in found], **independent}
-            if found:
-                mid = statistics.median(x.latency_us for x in found)
-                row["harness_mean_us"] = mid
-                row["repeat_spread_pct"] = 100 * (max(row["harness_us"]) - min(row["harness_us"])) / mid
-                for name in names:
-                    row[f"vs_{name}_pct"] = 100 * (mid - independent[name]) / independent[name]
-            rows.append(row)
-            print(row, flush=True)
+        found = [next(x for x in r.workloads if x.workload == w.name) for r in runs if r.passed]
+        row = {"workload": w.name, "harness_us": [round(x.latency_us, 2) for x in found], "runs": [x.runs for x in found]}
+        if found:
+            row.update(independent_times(w))
+            mid = statistics.median(x.latency_us for x in found)
+            row["harness_mean_us"] = mid
+            row["repeat_spread_pct"] = 100 * (max(row["harness_us"]) - min(row["harness_us"])) / mid
+            for name in COMPARED:
+                row[f"vs_{name}_pct"] = 100 * (mid - row[name]) / row[name]
+        rows.append(row)
+        print(row, flush=True)
 
 
 def trimul(report: dict) -> None:
@@ -165,22 +156,17 @@ def markdown(report: dict) -> str:
     if report.get("tests"):
         t = report["tests"]
         lines += [f"Tests: `{t['command']}` -> {t['summary']} ({t['seconds']:.0f} s)", ""]
-    labels = {"do_bench_us": "do_bench (cold L2)", "rotated_us": "back to back, 8 input sets",
-              "isolated_us": "isolated calls"}
-    for mode, names in COMPARED.items():
-        head = " | ".join(f"{labels[n]} | diff" for n in names)
-        lines += [f"Timing: {mode}", "", f"| workload | harness (3 evaluations) | spread | {head} | graph replay |",
-                  "| --- | --- | --- | " + "--- | --- | " * len(names) + "--- |"]
-        for row in report["calibration"]:
-            if row["mode"] != mode:
-                continue
-            if "harness_mean_us" not in row:
-                lines.append(f"| {row['workload']} | failed |")
-                continue
-            cells = " | ".join(f"{row[n]:.1f} us | {row[f'vs_{n}_pct']:+.2f}%" for n in names)
-            lines.append(f"| {row['workload']} | {row['harness_mean_us']:.1f} us | {row['repeat_spread_pct']:.2f}% | "
-                         f"{cells} | {row['graph_us']:.1f} us |")
-        lines.append("")
+    labels = {"do_bench_us": "do_bench (cold L2)", "rotated_us": "back to back, 8 input sets"}
+    head = " | ".join(f"{labels[n]} | diff" for n in COMPARED)
+    lines += [f"| workload | harness (3 evaluations) | spread | {head} | graph replay |",
+              "| --- | --- | --- | " + "--- | --- | " * len(COMPARED) + "--- |"]
+    for row in report["calibration"]:
+        if "harness_mean_us" not in row:
+            lines.append(f"| {row['workload']} | failed |")
+            continue
+        cells = " | ".join(f"{row[n]:.1f} us | {row[f'vs_{n}_pct']:+.2f}%" for n in COMPARED)
+        lines.append(f"| {row['workload']} | {row['harness_mean_us']:.1f} us | {row['repeat_spread_pct']:.2f}% | "
+                     f"{cells} | {row['graph_us']:.1f} us |")
     for i, t in enumerate(report.get("trimul", [])):
         lines.append("")
         lines.append(f"TriMul evaluation {i + 1}: {t['status']}, wall {t['wall_s']:.2f} s, reference timing "
