@@ -9,8 +9,9 @@ freed device memory, reading the environment) can see an expected output or a se
 CUDA error poisons only this process; the judge reports it and checks that the GPU still works.
 
 What runs here, per message from the judge (see ``serve``): generate the inputs of one seed with the task's own
-``make_inputs``, call the candidate on them (a correctness call, a warm-up, or a timed call) and send the output and
-the inputs back through CUDA IPC / shared memory, so the judge compares on the device without copies. Before torch is
+``make_inputs``, call the candidate on them (a correctness call or a warm-up) and send the output and the inputs
+back through CUDA IPC / shared memory, so the judge compares on the device without copies; or time a burst of calls,
+one per seed (``timed_burst``), hold their outputs and inputs, and send those of the calls the judge then picks. Before torch is
 imported the process leaves the network namespace (where Linux allows an unprivileged user namespace); torch is
 imported lazily for that reason (``unshare`` refuses a process with threads).
 """
@@ -312,14 +313,15 @@ def timed_burst(timer: Timer, calls: list) -> list[tuple]:
 
     After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only the L2 flush,
     a device-wide synchronize and an output copy in between, as FlashInfer-Bench times (it synchronizes after each
-    call too). These steps still leave gaps: an 8192^3 bf16 matmul that ``triton.testing.do_bench``'s uninterrupted
-    calls hold at the H200's power limit (1.63 ms) reads 1.38 ms here (BENCHMARKS.md). Inputs are generated before
+    call too). A kernel that drives the GPU to its power limit reads what the last second of load leaves: an 8192^3
+    bf16 matmul reads 1.38-1.47 ms here and in a plain loop on a cool H200, 1.58-1.70 ms in the same loop right after
+    ``triton.testing.do_bench``'s 300 ms of it (BENCHMARKS.md). Inputs are generated before
     the burst, after the heat: generating them between calls is memory work that changes the GPU's load between
     calls, and candidate code that runs untimed (the heat) must not see the timed inputs.
 
-    (Session 4 tried a second way, ~2 ms of memory writes before each call to time it at full clocks: on the H200
-    the side-stream check then read 25-53 us of work after honest calls, charged to them in 5 of 15 workload
-    evaluations, so it was dropped.)
+    (Before, ~2 ms of memory writes preceded each call to time it at full clocks. On the H200 the side-stream check
+    then read 25-53 us of work after honest calls and charged it in 10 of 30 workload evaluations; after the heat
+    and one flush it charged none in 45.)
     """
     done = []
     for fn, args in calls:

@@ -311,6 +311,26 @@ def test_compile_and_call_limits_are_separate(results):
     assert "input set 2/2" in r.log_excerpt and r.wall_s < 60
 
 
+def test_timing_bursts_grow_within_memory_budget_and_run_limits():
+    """Timed calls run in bursts on inputs generated beforehand: MIN_RUNS first, then twice what was done, within
+    half the time budget, the burst memory and MAX_RUNS; a workload too big for the burst memory goes one call at a
+    time."""
+    from types import SimpleNamespace
+
+    from ksearch_graph import _candidate_runner as rl
+    from ksearch_graph import _evaluate_child as judge
+
+    j = judge.Judge.__new__(judge.Judge)  # only the sizing rule: no processes
+    j.min_runs, j.args = rl.MIN_RUNS, SimpleNamespace(time_budget_s=1.0)
+    small = 1 << 20
+    assert j.burst_size(0, small, 1e-3) == rl.MIN_RUNS
+    assert j.burst_size(3, small, 1e-3) == 6 and j.burst_size(24, small, 1e-3) == 48
+    assert j.burst_size(96, small, 1e-6) == rl.MAX_RUNS - 96  # never past MAX_RUNS in all
+    assert j.burst_size(3, small, 0.2) == rl.MIN_RUNS  # 0.5 s of budget fits 2 calls: MIN_RUNS still
+    assert j.burst_size(0, judge.BURST_BYTES_CPU // 2, 1e-3) == 2  # the memory cap
+    assert j.burst_size(0, judge.BURST_BYTES_CPU * 3, 1e-3) == 1  # bigger than the cap: one call at a time
+
+
 def test_reference_timings_are_measured_once_per_session(tmp_path):
     """The evaluator times the reference and baseline in its first evaluation, before any candidate code runs, and
     reuses the figures, also after a candidate that failed: every candidate is compared with the same numbers. An
