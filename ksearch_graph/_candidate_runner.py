@@ -49,6 +49,10 @@ def load_torch():
     return torch
 
 
+class Reported(Exception):
+    """A failure already sent to the judge: the process only has to end."""
+
+
 class Failure(Exception):
     """Ends the evaluation with ``status``; ``message`` becomes the log excerpt the LLM sees."""
 
@@ -307,27 +311,32 @@ class Timer:
         return self.elapsed(a, b) * 1e3
 
 
-def timed_burst(timer: Timer, calls: list) -> list[tuple]:
-    """Time ``calls`` ((fn, args) on distinct, already generated inputs) one after another: [(snapshot of the
-    output, device us, escaped us, host us)]. The reference (in the judge) and the candidate (here) both go through it.
+def timed_burst(timer: Timer, count: int, next_call, seen=None) -> list[tuple]:
+    """Time ``count`` calls one after another, each on inputs ``next_call(k)`` generates just before it (returning
+    (fn, args)): [(snapshot of the output, device us, escaped us, host us)]; ``seen(snapshot)``, if given, right
+    after each snapshot. The reference (in the judge) and the candidate (here) both go through it.
 
-    After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only the L2 flush,
-    a device-wide synchronize and an output copy in between, as FlashInfer-Bench times (it synchronizes after each
-    call too). A kernel that drives the GPU to its power limit reads what the last second of load leaves: an 8192^3
-    bf16 matmul reads 1.38-1.47 ms here and in a plain loop on a cool H200, 1.58-1.70 ms in the same loop right after
-    ``triton.testing.do_bench``'s 300 ms of it (BENCHMARKS.md). Inputs are generated before
-    the burst, after the heat: generating them between calls is memory work that changes the GPU's load between
-    calls, and candidate code that runs untimed (the heat) must not see the timed inputs.
+    After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only its input
+    generation, the L2 flush, a device-wide synchronize and an output copy in between, as FlashInfer-Bench (a
+    synchronize and a copy of the inputs between calls) and GPU MODE (fresh inputs between calls) time. The inputs
+    of a call do not exist before the previous call has finished: a candidate that found them earlier could work
+    ahead on them (tests/cheats/work_ahead.py). A kernel that drives the GPU to its power limit reads what the last
+    second of load leaves: an 8192^3 bf16 matmul reads 1.38-1.47 ms here and in a plain loop on a cool H200,
+    1.58-1.70 ms in the same loop right after ``triton.testing.do_bench``'s 300 ms of it (BENCHMARKS.md).
 
     (Before, ~2 ms of memory writes preceded each call to time it at full clocks. On the H200 the side-stream check
     then read 25-53 us of work after honest calls and charged it in 10 of 30 workload evaluations; after the heat
     and one flush it charged none in 45.)
     """
     done = []
-    for fn, args in calls:
+    for k in range(count):
+        fn, args = next_call(k)
         out, us, escaped, host = timer.time(fn, args)
+        del fn, args
         done.append((snapshot(out, timer.sync), us, escaped, host))
         del out
+        if seen is not None:
+            seen(done[-1][0])
     return done
 
 
@@ -500,25 +509,33 @@ class Runner:
         except BaseException as e:
             self.conn.send(("error", "runtime_error", f"workload {workload}: generating its inputs failed:\n"
                             + describe(e, self.root)))
-            raise SystemExit(1) from None
+            raise Reported from None
 
     def burst(self, workload: str, params: dict, seeds: list, heat_seed: int) -> None:
-        """Timed calls, one per seed, each on its own inputs; outputs and inputs held for the judge's checks."""
+        """Timed calls, one per seed, each on its own inputs; outputs and inputs held for the judge's checks, and
+        each output's fingerprint sent now: an output changed after its call (a thread, say) is caught."""
         self.held = []
         progress(f"time {workload} x{len(seeds)}")
+        kept = []
+
+        def next_call(k: int) -> tuple:
+            inputs, fn, args = self.inputs(workload, params, seeds[k])
+            kept.append(inputs)
+            return fn, args
+
         try:
             _, fn, args = self.inputs(workload, params, heat_seed)
-            self.timer.heat(fn, args)  # before the timed inputs exist: candidate code here cannot work ahead on them
-            del fn, args
-            pool = [self.inputs(workload, params, seed) for seed in seeds]
-            done = timed_burst(self.timer, [(fn, args) for _, fn, args in pool])
-        except SystemExit:  # inputs() has reported it
+            self.timer.heat(fn, args)
+            del _, fn, args
+            prints = []  # taken at once: a thread of the candidate's could change a copy that waits for its check
+            done = timed_burst(self.timer, len(seeds), next_call, lambda out: prints.append(fingerprint(out)))
+        except Reported:
             raise
-        except BaseException as e:
+        except BaseException as e:  # the candidate's, SystemExit included
             self.conn.send(("error", "runtime_error", describe(e, self.root)))
-            raise SystemExit(1) from None
-        self.held = [(out, inputs) for (out, *_), (inputs, *_) in zip(done, pool)]
-        self.conn.send(("timed", [times for _, *times in done], self.flags()))
+            raise Reported from None
+        self.held = [(out, inputs) for (out, *_), inputs in zip(done, kept)]
+        self.conn.send(("timed", [times for _, *times in done], prints, self.flags()))
 
     def call(self, op: str, workload: str, params: dict, seed: int, first: bool) -> None:
         self.held = []
@@ -538,7 +555,7 @@ class Runner:
         except BaseException as e:
             status = "compile_error" if first and is_compiler_error(e) else "runtime_error"
             self.conn.send(("error", status, describe(e, self.root)))
-            raise SystemExit(1) from None  # after a CUDA error this process is unusable; the judge is done anyway
+            raise Reported from None  # after a CUDA error this process is unusable; the judge is done anyway
 
 
 def start_failure(exc: BaseException, cfg: dict) -> tuple:
@@ -600,7 +617,10 @@ def main() -> None:
         conn.send(start_failure(e, cfg))
         return
     conn.send(("ready", compile_s))
-    Runner(conn, cfg, reference_module, entry, timer).serve()
+    try:
+        Runner(conn, cfg, reference_module, entry, timer).serve()
+    except Reported:
+        pass
 
 
 if __name__ == "__main__":

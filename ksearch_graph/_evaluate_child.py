@@ -25,8 +25,10 @@ Order of work:
 2. Correctness: every workload, ``correctness_seeds`` input sets each, derived from a base seed drawn per evaluation.
    Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
 3. Timing of the timed workloads, holding the GPU's timing lock, in bursts (``rl.timed_burst``): every timed call
-   on its own freshly generated input set, back to back after a moment of the same load, L2 flushed, events plus
-   a device-wide synchronize. After each burst the judge picks which calls to re-check against the reference (the first and last timed call, and a random fifth of the others): the candidate cannot tell which.
+   on an input set generated just before it, back to back after a moment of the same load, L2 flushed, events plus
+   a device-wide synchronize, its output copied and fingerprinted at once. After each burst the judge picks which
+   calls to re-check against the reference (the first and last timed call, and a random fifth of the others): the
+   candidate cannot tell which.
 """
 
 from __future__ import annotations
@@ -87,8 +89,9 @@ SEED_ENV = "KSEARCH_EVAL_SEED"
 RESULT_KEY_ENV = "KSEARCH_RESULT_KEY"  # signs the result file, so a forged or overwritten one is recognised
 ESCAPE_SLACK_US = 10.0  # device work past a call's end event (median), before it counts as the call's
 CHECK_PROBABILITY = 0.2  # share of timed calls (besides the first and last) whose output is re-checked
-# Timed calls run in bursts on inputs generated beforehand (see rl.timed_burst); a burst holds at most this much of
-# inputs and output copies on the device (an eighth of it: 17 GB on an H200, 3 GB on a 24 GB card), and host memory.
+# Timed calls run in bursts (see rl.timed_burst), whose inputs and output copies are kept until the judge has picked
+# and checked some: at most 8 GB of them on a GPU (an eighth of its memory where that is less: 3 GB on a 24 GB
+# card), 256 MB on CPU.
 BURST_BYTES_GPU, BURST_BYTES_CPU = 8 << 30, 256 << 20
 TRIVIAL_REL_L2 = 0.5  # an output this far from the reference in L2 fails even if every element is within atol
 COMPARE_CHUNK = 1 << 26  # elements compared at a time in float64 (bounds the comparison's extra memory)
@@ -508,21 +511,24 @@ class Judge:
         times = []
         call = lambda k: rl.prepare(fn, self.inputs(w, derive_seed(self.base_seed, w["name"], tag, k)),  # noqa
                                     self.task["entry_kind"], DEVICE)
-        f, a = call(-1)
+        warm = self.inputs(w, derive_seed(self.base_seed, w["name"], tag, -1))
+        f, a = rl.prepare(fn, warm, self.task["entry_kind"], DEVICE)
         with torch.no_grad():
             t0 = time.perf_counter()
             out = f(*a)  # warm-up: compile, autotune and caches stay outside the timed region
             self.timer.sync()
             call_s = time.perf_counter() - t0
-            call_bytes = nbytes(self.inputs(w, 0)) + nbytes(out)
-            del out
+            call_bytes = nbytes(warm) + nbytes(out)
+            del out, warm
             self.timer.warm_clocks()
             started = time.perf_counter()
             while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs):
                 self.timer.heat(f, a)
-                calls = [call(len(times) + k) for k in range(self.burst_size(len(times), call_bytes, call_s))]
-                times += [us for _, us, _, _ in rl.timed_burst(self.timer, calls)]
-                del calls
+                first = len(times)
+                done = rl.timed_burst(self.timer, self.burst_size(first, call_bytes, call_s),
+                                      lambda k: call(first + k))  # noqa: B023 (called before the next iteration)
+                times += [us for _, us, _, _ in done]
+                del done
         return {"mean_us": statistics.fmean(times), "runs": len(times)}
 
     def time_candidate(self, runner: RunnerProcess, w: dict) -> tuple[list[float], list[str]]:
@@ -530,22 +536,27 @@ class Judge:
         where = f"workload {name}, timed call"
         _, call_s = runner.request(("warm", name, params, derive_seed(self.base_seed, name, "warm"), False),
                                    self.args.call_timeout_s, f"{where} (warm-up)")
+        # The candidate's process says how long its warm-up call took; it only sizes bursts and their time limit.
+        call_s = min(max(call_s, 0.0), self.args.call_timeout_s) if isinstance(call_s, float) and math.isfinite(
+            call_s) else self.args.call_timeout_s
         times, escapes, started = [], [], time.perf_counter()
         while True:
             first = len(times)
             seeds = [derive_seed(self.base_seed, name, "time", first + k)
                      for k in range(self.burst_size(first, self.call_bytes[name], call_s))]
-            _, timed, flags = runner.request(
+            _, timed, prints, flags = runner.request(
                 ("burst", name, params, seeds, derive_seed(self.base_seed, name, "heat", first)),
-                2 * self.args.call_timeout_s, where)
+                self.args.call_timeout_s + (len(seeds) + 2) * 4 * call_s, where)
             self.check_flags(flags, where)
-            if not isinstance(timed, list) or len(timed) != len(seeds):
-                raise Failure("suspicious", f"{where}: the candidate's process timed {len(timed)} calls, not "
-                              f"{len(seeds)}")
+            if not (isinstance(timed, list) and isinstance(prints, list) and len(timed) == len(prints) == len(seeds)
+                    and all(isinstance(t, (list, tuple)) and len(t) == 3 and all(
+                        isinstance(v, float) and math.isfinite(v) and v >= -1e6 for v in t) for t in timed)):
+                raise Failure("suspicious", f"{where}: the candidate's process sent timings that are not "
+                              f"{len(seeds)} triples of finite numbers")
             for us, escaped, host_us in timed:
-                if us > host_us * 1.05 + 50:
-                    raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) exceeds the host time "
-                                  f"around the call ({host_us:.0f} us): the timer was tampered with")
+                if us < 0 or us > host_us * 1.05 + 50:
+                    raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) is negative or exceeds the "
+                                  f"host time around the call ({host_us:.0f} us): the timer was tampered with")
                 times.append(us)
                 escapes.append(escaped)
             last = rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs)
@@ -554,6 +565,9 @@ class Judge:
                       or self.rng.random() < CHECK_PROBABILITY]
             for i in chosen:
                 _, out, got_inputs, _, _, _ = runner.request(("send", i), self.args.call_timeout_s, where)
+                if rl.fingerprint(out) != prints[i]:
+                    raise Failure("suspicious", f"{where} {first + i + 1}: its output changed after the call "
+                                  "had returned it (written by something still running?)")
                 t1 = time.perf_counter()
                 pristine = self.inputs(w, seeds[i])
                 expected = self.reference(pristine)

@@ -5,15 +5,14 @@ atol = rtol = 1e-4), written the way a hostile model would write it; its docstri
 what the harness must report. These tests are the contract for SubprocessEvaluator (see /work/shared/docs/EVALUATION.md,
 "Documented cheats a harness must survive"); some of them fail against a harness that does not meet it yet, by design.
 
-- Semantic cheats (zeros, the input, uninitialised memory, the garbage collector, a warm-up detector, lower
-  precision) must not pass: incorrect_numerical, incorrect_shape or suspicious. Writing into the inputs is
-  suspicious. Calling the task's reference may pass or be flagged, but must not break the evaluation. Reading the
-  hidden seed or a credential must find nothing.
-- Timing cheats (patched clocks, caches keyed on pointers or content, a detector of back-to-back timed calls; on a
-  GPU side streams, background threads, moving off the timed stream, persisting L2) must be flagged (not passed) or
-  gain nothing: each workload's
-  reported latency at least TIMING_FACTOR x the honest candidate's, measured in the same session
-  (tests/cheats/honest.py).
+- Semantic cheats (zeros, the input, uninitialised memory, the garbage collector, a warm-up detector, fixing up the
+  harness's kept output copies from a thread, lower precision) must not pass: incorrect_numerical, incorrect_shape
+  or suspicious. Writing into the inputs is suspicious. Calling the task's reference may pass or be flagged, but
+  must not break the evaluation. Reading the hidden seed or a credential must find nothing.
+- Timing cheats (patched clocks, caches keyed on pointers or content, working ahead on inputs found before their
+  call, a detector of back-to-back timed calls; on a GPU side streams, background threads, moving off the timed
+  stream, persisting L2) must be flagged (not passed) or gain nothing: each workload's reported latency at least
+  TIMING_FACTOR x the honest candidate's, measured in the same session (tests/cheats/honest.py).
 - Crashes are runtime_error (a hang is a timeout); a candidate cannot forge its result (neither by writing it and
   exiting, nor from a background process after the judge wrote it), leaves no process behind, reaches no network,
   and on a GPU leaves the device healthy for the next candidate.
@@ -76,7 +75,7 @@ CPU_CANDIDATES = [
     "hang",
     "zeros", "returns_input", "uninitialised", "cache_pointer", "gc_search", "writes_input", "lower_precision",
     "calls_reference", "steal_secrets", "honest",
-    "patch_timers", "cache_content", "warmup_detector", "burst_detector",
+    "patch_timers", "cache_content", "warmup_detector", "burst_detector", "work_ahead", "fix_up_outputs",
     "segfault", "exit_early", "forge_result", "forge_later", "memory_hog", "sys_exit", "keyboard_interrupt", "orphan",
     "network",
     "honest_again",
@@ -321,7 +320,7 @@ def test_honest_candidate_passes(honest):
 
 
 @pytest.mark.parametrize("name", ["zeros", "returns_input", "uninitialised", "gc_search", "lower_precision",
-                                  "warmup_detector", "burst_detector"])
+                                  "warmup_detector", "fix_up_outputs"])
 def test_semantic_cheat_does_not_pass(evaluations, name):
     r = evaluations[name]
     assert r.status in WRONG, f"{name} must be incorrect or suspicious\n" + show(r)
@@ -357,10 +356,12 @@ def test_patched_timers_gain_nothing(evaluations, honest):
     assert_no_timing_gain(evaluations["patch_timers"], honest)
 
 
-@pytest.mark.parametrize("name", ["cache_pointer", "cache_content"])
+@pytest.mark.parametrize("name", ["cache_pointer", "cache_content", "work_ahead", "burst_detector"])
 def test_a_cache_gains_nothing(evaluations, honest, name):
     """A cache that hits returns a stale answer (caught) or a correct one for repeated content (no gain allowed);
-    one that never hits is an honest candidate with overhead."""
+    one that never hits is an honest candidate with overhead. work_ahead fills its cache from inputs it finds before
+    their call: there must be none to find. burst_detector answers zeros when called within 2 ms of its last
+    return: caught by the re-checks where it triggers, an honest candidate where it does not."""
     assert_no_timing_gain(evaluations[name], honest)
 
 

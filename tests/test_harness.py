@@ -331,6 +331,17 @@ def test_timing_bursts_grow_within_memory_budget_and_run_limits():
     assert j.burst_size(0, judge.BURST_BYTES_CPU * 3, 1e-3) == 1  # bigger than the cap: one call at a time
 
 
+def test_an_exit_during_timing_is_reported_with_the_candidates_traceback(tmp_path):
+    """sys.exit from a timed call (inside a burst) is the candidate's error, shown to the LLM as such."""
+    task = write_task(tmp_path / "task")
+    source = "import sys\n\ncalls = []\n\n\ndef scale(x, alpha):\n    calls.append(1)\n    if len(calls) == 8:\n" \
+             "        sys.exit(3)\n    return x * alpha\n"
+    r = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all").evaluate(
+        task, {"kernel.py": source}, attempt_id="exit")
+    assert r.status == Status.runtime_error and "SystemExit: 3" in r.log_excerpt and "kernel.py" in r.log_excerpt, \
+        explain(r)
+
+
 def test_reference_timings_are_measured_once_per_session(tmp_path):
     """The evaluator times the reference and baseline in its first evaluation, before any candidate code runs, and
     reuses the figures, also after a candidate that failed: every candidate is compared with the same numbers. An
