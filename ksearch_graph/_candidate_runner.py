@@ -486,6 +486,9 @@ class Runner:
         return flags
 
     def serve(self) -> None:
+        # Inference, as the judge calls the reference: a module's parameters would otherwise make every call record
+        # an autograd graph the reference never pays for.
+        torch.set_grad_enabled(False)
         while True:
             msg = self.conn.recv()
             op = msg[0]

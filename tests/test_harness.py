@@ -214,6 +214,8 @@ def results(tasks, listener, tmp_path_factory) -> dict[str, EvalResult]:
                                                       "    return torch.zeros_like(x)\n"),
         "module": (quick, "module", MODEL_NEW),
         "module_wrong": (quick, "module", MODEL_NEW.replace(".clamp_min(0)", "")),
+        "module_needs_grad": (quick, "module", MODEL_NEW.replace(
+            "    def forward(self, x):\n", "    def forward(self, x):\n        assert not torch.is_grad_enabled(), 'GRAD ON'\n")),
         "patched_inputs": (quick, "scale", PATCHES_INPUT_GENERATION),
         "hostile_pickle": (quick, "scale", HOSTILE_PICKLE.format(marker=marker)),
         "network": (quick, "scale", NETWORK.format(port=listener)),
@@ -274,6 +276,8 @@ def test_zeros_fail_even_where_the_reference_is_below_atol(results):
 def test_module_entry_points(results):
     assert results["module"].status == Status.passed, explain(results["module"])
     assert results["module_wrong"].status == Status.incorrect_numerical, explain(results["module_wrong"])
+    # Called in inference mode, as the reference is: no autograd graph to record on the candidate's clock.
+    assert results["module_needs_grad"].status == Status.passed, explain(results["module_needs_grad"])
 
 
 def test_patched_input_generation_is_suspicious(results):
