@@ -335,6 +335,46 @@ def test_timing_bursts_grow_within_memory_budget_and_run_limits():
     assert j.burst_size(0, judge.BURST_BYTES_CPU * 3, 1e-3) == 1  # bigger than the cap: one call at a time
 
 
+def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_the_gpu_busy():
+    """The rules that keep a GPU under sustained load around timed calls (the calls themselves run only on a GPU;
+    here a fake clock and scripted call times stand in for them)."""
+    from ksearch_graph import _candidate_runner as rl
+
+    rl.load_torch()
+    timer = rl.Timer("cpu")
+    timer.cuda = True  # the rules below only run on a GPU
+    clock, script, asked = [0.0], [], []
+
+    def back_to_back(fn, args, seconds, min_calls=1):
+        asked.append(seconds)
+        clock[0] += seconds
+        timer.untimed_us.append(script.pop(0) if script else 100.0)
+
+    timer.perf = lambda: clock[0]
+    timer.back_to_back = back_to_back
+    # The first heat of a process: at least FIRST_HEAT_MIN_S, however flat the calls (a cool GPU throttles late).
+    timer.heat(None, (), first=True)
+    assert clock[0] == pytest.approx(rl.FIRST_HEAT_MIN_S + rl.HEAT_WINDOW_S, abs=rl.HEAT_WINDOW_S)
+    # A later workload's first burst: windows until one is no slower than the one before.
+    clock[0], script[:] = 0.0, [100, 104, 108, 112, 112.5]
+    timer.heat(None, (), first=True)
+    assert clock[0] == pytest.approx(5 * rl.HEAT_WINDOW_S)
+    clock[0], script[:] = 0.0, [100 + 5 * i for i in range(100)]  # always slower: stops at HEAT_MAX_S
+    timer.heat(None, (), first=True)
+    assert rl.HEAT_MAX_S <= clock[0] <= rl.HEAT_MAX_S + rl.HEAT_WINDOW_S
+    asked.clear()
+    timer.heat(None, (), first=False)  # a later burst of the same workload
+    assert asked == [rl.HEAT_S]
+    # Fillers: enough that calls fill FILL_DUTY of the time, at most FILL_MAX x the timed call.
+    asked.clear()
+    timer.fill(None, (), gap_s=0.0, call_us=100.0)  # nothing else between calls: no fillers
+    timer.fill(None, (), gap_s=50e-6, call_us=1000.0)
+    assert asked == []
+    timer.fill(None, (), gap_s=1e-3, call_us=1000.0)
+    want = min(rl.FILL_DUTY / (1 - rl.FILL_DUTY) * 1e-3 - 1e-3, rl.FILL_MAX * 1e-3)
+    assert asked == [pytest.approx(want)] and want > 0
+
+
 def test_an_exit_during_timing_is_reported_with_the_candidates_traceback(tmp_path):
     """sys.exit from a timed call (inside a burst) is the candidate's error, shown to the LLM as such."""
     task = write_task(tmp_path / "task")
