@@ -33,16 +33,20 @@ torch = None  # imported by load_torch(), after the network namespace is gone
 MIN_RUNS, MAX_RUNS = 3, 100
 MIN_RUNS_GPU = 10  # three steady samples can all come from one clock state (seen on the H200: 157 vs 133 us)
 # Timed calls are measured as under sustained load, the state ``triton.testing.do_bench`` and a serving loop measure
-# in: a kernel that drives an H200 to its 700 W limit runs at lower clocks after ~0.1-0.3 s of itself (an 8192^3 bf16
-# matmul: 1.37-1.40 ms for the first 50 ms, 1.59 ms after 0.3 s). Two things keep the GPU in that state around the
-# timed calls: a heat of the candidate's own calls back to back before a workload's first burst, until their time
-# stops rising (HEAT_WINDOW_S at a time, at least HEAT_MIN_S, or FIRST_HEAT_MIN_S when the GPU may be cool, at most
-# HEAT_MAX_S; a later burst of the workload follows the judge's checks, a short pause, and gets HEAT_S), and between
-# timed calls more of them, so that the candidate's calls fill FILL_DUTY of the time (input generation, checks and
-# copies fill the rest, and draw less power).
+# in. A kernel that drives an H200 to its 700 W limit runs at lower clocks under its own load (an 8192^3 bf16 matmul:
+# 1.37-1.40 ms for the first 50 ms, 1.59 ms after 0.3 s; SM clock 1455-1605 MHz instead of 1980), and recovers
+# within ~50 ms of lighter work (BENCHMARKS.md, session 5). Before a workload's first burst of timed calls, the
+# candidate's own calls run back to back on other inputs (a heat, HEAT_WINDOW_S at a time, until a window is no
+# slower than the one before). When the GPU's SM clock then reads below CLOCK_LIMITED of its top clock, the kernel is
+# power-limited: the heat lasts at least HEAT_MIN_S (FIRST_HEAT_MIN_S for a process's first, from a possibly cool
+# GPU), and between timed calls more untimed calls keep the candidate's calls at FILL_DUTY of the time (input
+# generation, checks and copies fill the rest, and draw less power), at most FILL_MAX x the timed call's time. Other
+# kernels run at top clocks either way and get neither. A later burst of a workload gets HEAT_S.
 HEAT_S, HEAT_WINDOW_S, HEAT_MIN_S, FIRST_HEAT_MIN_S, HEAT_MAX_S = 0.02, 0.025, 0.1, 0.2, 0.4
+UNLIMITED_HEAT_WINDOWS = 2, 4  # windows before a heat may call a kernel not power-limited (later, process's first)
+CLOCK_LIMITED = 0.97
 FILL_DUTY = 0.85
-FILL_MAX = 1.5  # filler calls between two timed calls take at most this many times the timed call's own time
+FILL_MAX = 1.5
 UNTIMED_RATIO = 0.5  # untimed calls faster than this share of the timed ones: the candidate tells them apart (a cache)
 TARGET_RSE = 0.01  # stop timing once the relative standard error of the mean is below 1%
 FLUSH_BYTES = 256 << 20  # at least 2x the L2 of any current GPU (H200: 50 MB)
@@ -215,6 +219,16 @@ class CudaRuntime:
         # The device's own setting (nonzero on an H200 here), read before any candidate code runs.
         self.default_persisting_l2 = self.persisting_l2_bytes() or 0
 
+    def pci_bus_id(self) -> bytes | None:
+        """The current device's PCI bus id ("0000:3B:00.0"), which NVML knows it by (its indices ignore
+        CUDA_VISIBLE_DEVICES)."""
+        if self.lib is None:
+            return None
+        buf, device = ctypes.create_string_buffer(64), ctypes.c_int(0)
+        if self.lib.cudaGetDevice(ctypes.byref(device)) != 0 or self.lib.cudaDeviceGetPCIBusId(buf, 64, device) != 0:
+            return None
+        return buf.value
+
     def persisting_l2_bytes(self) -> int | None:
         if self.lib is None:
             return None
@@ -228,6 +242,34 @@ class CudaRuntime:
         if self.lib is not None:
             self.lib.cudaCtxResetPersistingL2Cache()
             self.lib.cudaDeviceSetLimit(self.LIMIT_PERSISTING_L2, ctypes.c_size_t(self.default_persisting_l2))
+
+
+class SmClock:
+    """The GPU's current and top SM clock through NVML (the driver's libnvidia-ml, loaded by ctypes): whether a
+    kernel's sustained load holds the GPU below its top clock. ``limited()`` is None where NVML is not available."""
+
+    SM = 1  # NVML_CLOCK_SM
+
+    def __init__(self, pci_bus_id: bytes | None):
+        self.lib = self.handle = None
+        self.top = 0
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            handle, top = ctypes.c_void_p(), ctypes.c_uint(0)
+            if pci_bus_id and lib.nvmlInit_v2() == 0 \
+                    and lib.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id, ctypes.byref(handle)) == 0 \
+                    and lib.nvmlDeviceGetMaxClockInfo(handle, self.SM, ctypes.byref(top)) == 0 and top.value:
+                self.lib, self.handle, self.top = lib, handle, top.value
+        except (OSError, AttributeError):
+            pass
+
+    def limited(self) -> bool | None:
+        if self.lib is None:
+            return None
+        now = ctypes.c_uint(0)
+        if self.lib.nvmlDeviceGetClockInfo(self.handle, self.SM, ctypes.byref(now)) != 0:
+            return None
+        return now.value < CLOCK_LIMITED * self.top
 
 
 class Timer:
@@ -246,6 +288,8 @@ class Timer:
         self.zero_ = torch.Tensor.zero_
         self.untimed_us: list[float] = []  # device times of heat and filler calls, for the caller's consistency check
         self.heated = False  # the first heat of this process may start from a cool GPU
+        self.limited = True  # the current workload holds the GPU below its top clock (see CLOCK_LIMITED)
+        self.clock = None
         if self.cuda:
             self.Event = torch.cuda.Event
             self.record = torch.cuda.Event.record
@@ -254,6 +298,7 @@ class Timer:
             self.sync = torch.cuda.synchronize
             self.runtime = CudaRuntime()  # first: it sets how the host waits, before the context exists
             self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+            self.clock = SmClock(self.runtime.pci_bus_id())
         else:
             self.sync = lambda: None
             self.flush = None
@@ -314,24 +359,32 @@ class Timer:
 
     def heat(self, fn, args, first: bool) -> None:
         """The candidate's own calls back to back before a burst of timed calls; before a workload's ``first`` burst,
-        until a window of them is no slower than the one before (see HEAT_MIN_S)."""
+        until a window of them is no slower than the one before, and long enough for a power-limited kernel to
+        settle (see HEAT_MIN_S); that heat also says whether this workload is power-limited."""
         if not first:
             self.back_to_back(fn, args, HEAT_S, min_calls=2)
             return
-        least, windows, started = FIRST_HEAT_MIN_S if not self.heated else HEAT_MIN_S, [], self.perf()
+        least = (FIRST_HEAT_MIN_S, UNLIMITED_HEAT_WINDOWS[1]) if not self.heated else (
+            HEAT_MIN_S, UNLIMITED_HEAT_WINDOWS[0])
+        windows, started, limited = [], self.perf(), False
         self.heated = True
         while self.cuda and self.perf() - started < HEAT_MAX_S:
             done = len(self.untimed_us)
-            self.back_to_back(fn, args, HEAT_WINDOW_S, min_calls=2)
+            self.back_to_back(fn, args, HEAT_WINDOW_S)
             windows.append(sum(self.untimed_us[done:]) / max(1, len(self.untimed_us) - done))
-            if self.perf() - started >= least and len(windows) > 1 and windows[-1] <= windows[-2] * 1.01:
-                return
+            if len(windows) > 1:  # the first window's clock may still be ramping up from idle
+                now = self.clock.limited() if self.clock is not None else None
+                limited = limited or now is None or now  # without NVML: as if limited (the safe side)
+            settled = self.perf() - started >= least[0] if limited else len(windows) >= least[1]
+            if settled and len(windows) > 1 and windows[-1] <= windows[-2] * 1.01:
+                break
+        self.limited = limited
 
     def fill(self, fn, args, gap_s: float, call_us: float) -> None:
-        """Between two timed calls: enough untimed calls that calls fill FILL_DUTY of the time, given the ``gap_s``
-        of other work around the last timed call (of ``call_us``)."""
+        """Between two timed calls of a power-limited workload: enough untimed calls that calls fill FILL_DUTY of
+        the time, given the ``gap_s`` of other work around the last timed call (of ``call_us``)."""
         seconds = min(FILL_DUTY / (1 - FILL_DUTY) * gap_s - call_us * 1e-6, FILL_MAX * call_us * 1e-6)
-        if seconds > 0:
+        if self.limited and seconds > 0:
             self.back_to_back(fn, args, seconds)
 
     def idle_gap_us(self) -> float:

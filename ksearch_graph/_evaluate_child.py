@@ -25,8 +25,9 @@ Order of work:
 2. Correctness: every workload, ``correctness_seeds`` input sets each, derived from a base seed drawn per evaluation.
    Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
 3. Timing of the timed workloads, holding the GPU's timing lock, in bursts (``rl.timed_burst``): every timed call
-   on an input set generated just before it, back to back after a moment of the same load, L2 flushed, events plus
-   a device-wide synchronize, its output copied and fingerprinted at once. After each burst the judge picks which
+   on an input set generated just before it, under sustained load (a heat of the same calls before, untimed calls
+   between: see rl.FILL_DUTY), L2 flushed, events plus a device-wide synchronize, its output copied and
+   fingerprinted at once. After each burst the judge picks which
    calls to re-check against the reference (the first and last timed call, and a random fifth of the others): the
    candidate cannot tell which.
 """
