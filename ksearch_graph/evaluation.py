@@ -213,14 +213,19 @@ class SubprocessEvaluator:
         self.reuse_reference_timings_s = reuse_reference_timings_s
         self._timings: dict[tuple, dict] = {}  # (task root, visible GPUs) -> {"key", "workloads": {name: entry}}
         self._lock = threading.Lock()  # timings and standby: the graph may evaluate from several threads
-        # Start the next evaluation's two processes when the evaluator is made and as soon as one ends, so their imports (torch, CUDA: 3-5 s on an
+        # Start the next evaluation's two processes as soon as one ends (and on start_ahead()), so their imports (torch, CUDA: 3-5 s on an
         # H200 host) happen while the search waits for its LLM, not while it waits for a result. Each evaluation
         # still gets fresh processes. Default: on GPU hosts (on a small CPU machine they would compete for cores).
         self.prestart = gpu_driver_present() if prestart is None else prestart
         self._standby: list[_Started] = []  # at most one, handed to the next evaluate()
         self._generation = 0  # close() moves it on: an evaluate() begun before then starts no new standby
         self._finalizer = weakref.finalize(self, _discard_all, self._standby)
-        if self.prestart:  # the first evaluation too: a search's first LLM turns cover the imports
+
+    def start_ahead(self) -> None:
+        """With ``prestart``: start the next evaluation's processes now. A search calls this as it starts, so its
+        first evaluation finds their imports done (the LLM's first turns cover them). Not done on construction:
+        every evaluator a program makes would then keep an idle pair on the GPU."""
+        if self.prestart:
             self._refill(self._generation)
 
     def evaluate(self, task: Task, files: dict[str, str], *, attempt_id: str) -> EvalResult:

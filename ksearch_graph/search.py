@@ -36,7 +36,9 @@ def _default_evaluator(config: SearchConfig) -> Evaluator:
     from .evaluation import SubprocessEvaluator, gpu_driver_present
 
     budget = config.timing_budget_s or (1.0 if gpu_driver_present() else 0.25)
-    return SubprocessEvaluator(timeout_s=config.eval_timeout_s, time_budget_s=budget)
+    evaluator = SubprocessEvaluator(timeout_s=config.eval_timeout_s, time_budget_s=budget)
+    evaluator.start_ahead()  # on a GPU host: the first evaluation's torch imports overlap the first LLM turns
+    return evaluator
 
 
 def make_context(run: RunDir, *, evaluator: Evaluator | None = None,

@@ -377,9 +377,9 @@ def test_reference_timings_are_measured_once_per_session(tmp_path):
 
 
 def test_prestarted_evaluations_are_fresh_processes_whose_imports_cost_nothing(tmp_path):
-    """With prestart an evaluation's processes start (and import torch) when the evaluator is made and as soon as one
-    evaluation ends; the next evaluate() hands them the job. A prestarted pair that died is replaced; close() leaves
-    nothing behind."""
+    """With prestart an evaluation's processes start (and import torch) on start_ahead() (a search calls it as it
+    starts) and as soon as one evaluation ends; the next evaluate() hands them the job. A prestarted pair that died
+    is replaced; close() leaves nothing behind."""
     task = write_task(tmp_path / "task")
     work = tmp_path / "work"
     ev = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all", prestart=True, workdir=str(work))
@@ -389,7 +389,9 @@ def test_prestarted_evaluations_are_fresh_processes_whose_imports_cost_nothing(t
         assert ev.wait_until_prestarted(timeout_s=120), "the prestarted evaluation never got ready"
         return ev._standby[0]
 
-    waiting = standby()  # started with the evaluator: a search's first LLM turn covers its imports
+    assert not ev._standby  # making an evaluator starts nothing
+    ev.start_ahead()
+    waiting = standby()  # a search's first LLM turn covers its imports
     first = ev.evaluate(task, files, attempt_id="p0")
     assert first.passed and first.environment["prestarted"] is True and first.phases["imports"] == 0.0, explain(first)
     assert waiting.proc.returncode is not None and not waiting.root.exists()  # used once, then gone
@@ -406,6 +408,20 @@ def test_prestarted_evaluations_are_fresh_processes_whose_imports_cost_nothing(t
     ev.close()
     assert not ev._standby and list(work.iterdir()) == []
     assert str(work) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_a_search_on_a_gpu_host_starts_its_first_evaluations_processes_as_it_starts(monkeypatch):
+    """The evaluator a search makes for itself prestarts on a GPU host, before the first candidate exists."""
+    from ksearch_graph import evaluation, search
+    from ksearch_graph.config import SearchConfig
+
+    monkeypatch.setattr(evaluation, "gpu_driver_present", lambda: True)
+    ev = search._default_evaluator(SearchConfig())
+    try:
+        assert ev.prestart and len(ev._standby) == 1 and ev._standby[0].proc.poll() is None
+    finally:
+        ev.close()
+    assert not ev._standby
 
 
 @pytest.mark.parametrize("job, message", [("not json", "not valid JSON"), ('{"workloads": ""}', "names no task")])
