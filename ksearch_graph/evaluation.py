@@ -213,9 +213,10 @@ class SubprocessEvaluator:
         self.reuse_reference_timings_s = reuse_reference_timings_s
         self._timings: dict[tuple, dict] = {}  # (task root, visible GPUs) -> {"key", "workloads": {name: entry}}
         self._lock = threading.Lock()  # timings and standby: the graph may evaluate from several threads
-        # Start the next evaluation's two processes as soon as one ends (and on start_ahead()), so their imports (torch, CUDA: 3-5 s on an
-        # H200 host) happen while the search waits for its LLM, not while it waits for a result. Each evaluation
-        # still gets fresh processes. Default: on GPU hosts (on a small CPU machine they would compete for cores).
+        # Start the next evaluation's two processes as soon as one ends (and on start_ahead()), so their imports
+        # (torch, CUDA: 3-5 s on an H200 host) happen while the search waits for its LLM, not while it waits for a
+        # result. Each evaluation still gets fresh processes. Default: on GPU hosts (on a small CPU machine they
+        # would compete for cores).
         self.prestart = gpu_driver_present() if prestart is None else prestart
         self._standby: list[_Started] = []  # at most one, handed to the next evaluate()
         self._generation = 0  # close() moves it on: an evaluate() begun before then starts no new standby

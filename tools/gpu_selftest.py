@@ -11,8 +11,8 @@
    difference.
 3. TriMul (examples/trimul/, all 25 workloads: 18 correctness-only + 7 timed) with the seed submission, three times
    with one evaluator, as a search would: each finds its processes prestarted (imports done: the first pair starts
-   when the search does, ``start_ahead()``, and the wait for it, the cold imports, is reported), the first evaluation times the
-   reference, the next two reuse its timings. Each with the evaluation's phase breakdown.
+   when the search does, ``start_ahead()``, and the wait for it, the cold imports, is reported), the first
+   evaluation times the reference, the next two reuse its timings. Each with the evaluation's phase breakdown.
 Writes selftest.json and selftest.md into --out.
 """
 
