@@ -176,8 +176,8 @@ def markdown(report: dict) -> str:
                      f"{cells} | {row['graph_us']:.1f} us |")
     for i, t in enumerate(report.get("trimul", [])):
         lines.append("")
-        lines.append(f"TriMul evaluation {i + 1}: {t['status']}, wall {t['wall_s']:.2f} s (prestarted processes "
-                     f"waited for {t['waited_for_prestart_s']:.2f} s before it), reference timing "
+        lines.append(f"TriMul evaluation {i + 1}: {t['status']}, wall {t['wall_s']:.2f} s (after waiting "
+                     f"{t['waited_for_prestart_s']:.2f} s for its prestarted processes), reference timing "
                      f"{t['reference_timing']}, prestarted {t['prestarted']}, phases {t['phases']}")
     return "\n".join(lines) + "\n"
 
