@@ -25,10 +25,11 @@ Order of work:
 2. Correctness: every workload, ``correctness_seeds`` input sets each, derived from a base seed drawn per evaluation.
    Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
 3. Timing of the timed workloads, holding the GPU's timing lock, in bursts (``rl.timed_burst``): every timed call
-   on an input set generated just before it, back to back after a moment of the same load, L2 flushed, events plus
-   a device-wide synchronize, its output copied and fingerprinted at once. After each burst the judge picks which
-   calls to re-check against the reference (the first and last timed call, and a random fifth of the others): the
-   candidate cannot tell which.
+   on an input set generated just before it, under sustained load (a heat of the same calls before, untimed calls
+   between for power-limited workloads: see rl.FILL_DUTY; the harness's writes first if the GPU idled: rl.IDLE_S),
+   L2 flushed, events plus a device-wide synchronize, its output copied and fingerprinted at once. After each burst
+   the judge picks which calls to re-check against the reference (the first and last timed call, and a random fifth
+   of the others): the candidate cannot tell which.
 """
 
 from __future__ import annotations
@@ -520,13 +521,13 @@ class Judge:
             call_s = time.perf_counter() - t0
             call_bytes = nbytes(warm) + nbytes(out)
             del out, warm
-            self.timer.warm_clocks()
             started = time.perf_counter()
             while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs):
-                self.timer.heat(f, a)
                 first = len(times)
+                self.timer.heat(f, a, first == 0)
                 done = rl.timed_burst(self.timer, self.burst_size(first, call_bytes, call_s),
-                                      lambda k: call(first + k))  # noqa: B023 (called before the next iteration)
+                                      lambda k: call(first + k),  # noqa: B023 (called before the next iteration)
+                                      filler=(f, a))
                 times += [us for _, us, _, _ in done]
                 del done
         return {"mean_us": statistics.fmean(times), "runs": len(times)}
@@ -544,15 +545,22 @@ class Judge:
             first = len(times)
             seeds = [derive_seed(self.base_seed, name, "time", first + k)
                      for k in range(self.burst_size(first, self.call_bytes[name], call_s))]
-            _, timed, prints, flags = runner.request(
-                ("burst", name, params, seeds, derive_seed(self.base_seed, name, "heat", first)),
-                self.args.call_timeout_s + (len(seeds) + 2) * 4 * call_s, where)
+            heat_s = rl.HEAT_S if first else rl.HEAT_MAX_S + 2 * call_s
+            _, timed, prints, flags, untimed = runner.request(
+                ("burst", name, params, seeds, derive_seed(self.base_seed, name, "heat", first), first == 0),
+                self.args.call_timeout_s + (len(seeds) * (1 + rl.FILL_MAX) + 2) * 4 * call_s + heat_s, where)
             self.check_flags(flags, where)
             if not (isinstance(timed, list) and isinstance(prints, list) and len(timed) == len(prints) == len(seeds)
                     and all(isinstance(t, (list, tuple)) and len(t) == 3 and all(
-                        isinstance(v, float) and math.isfinite(v) and v >= -1e6 for v in t) for t in timed)):
+                        isinstance(v, float) and math.isfinite(v) and v >= -1e6 for v in t) for t in timed)
+                    and (untimed is None or isinstance(untimed, float) and math.isfinite(untimed))):
                 raise Failure("suspicious", f"{where}: the candidate's process sent timings that are not "
                               f"{len(seeds)} triples of finite numbers")
+            burst_median = statistics.median(t[0] for t in timed)
+            if untimed is not None and untimed < rl.UNTIMED_RATIO * burst_median:
+                raise Failure("suspicious", f"{where}: untimed calls on repeated inputs (the heat before the timed "
+                              f"calls) took {untimed:.1f} us, timed calls on fresh inputs {burst_median:.1f} us: "
+                              "the candidate does less work when it sees inputs again (cached results?)")
             for us, escaped, host_us in timed:
                 if us < 0 or us > host_us * 1.05 + 50:
                     raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) is negative or exceeds the "

@@ -11,7 +11,8 @@ what the harness must report. These tests are the contract for SubprocessEvaluat
   must not break the evaluation. Reading the hidden seed or a credential must find nothing.
 - Timing cheats (patched clocks, caches keyed on pointers or content, working ahead on inputs found before their
   call, a detector of back-to-back timed calls; on a GPU side streams, background threads, moving off the timed
-  stream, persisting L2) must be flagged (not passed) or gain nothing: each workload's reported latency at least
+  stream, persisting L2) must be flagged (not passed) or gain nothing; idling in the untimed calls that keep a GPU
+  under load between timed calls must be suspicious: each workload's reported latency at least
   TIMING_FACTOR x the honest candidate's, measured in the same session (tests/cheats/honest.py).
 - Crashes are runtime_error (a hang is a timeout); a candidate cannot forge its result (neither by writing it and
   exiting, nor from a background process after the judge wrote it), leaves no process behind, reaches no network,
@@ -257,7 +258,8 @@ def evaluations(task, probe, marker):
         "network": job("network", **{r"PROBE_PORT = \d+": f"PROBE_PORT = {probe.port}"}),
     }
     if ON_GPU:
-        jobs |= {name: job(name) for name in ("side_stream", "lazy_thread", "l2_persist", "stream_switch")}
+        jobs |= {name: job(name) for name in ("side_stream", "lazy_thread", "l2_persist", "stream_switch",
+                                              "cool_fillers")}
         jobs |= {name: then_honest(name) for name in ("illegal_memory", "cuda_oom")}
     with pytest.MonkeyPatch.context() as mp:
         for key, value in SECRETS.items():  # the search process's own environment has them too
@@ -369,6 +371,13 @@ def test_a_cache_gains_nothing(evaluations, honest, name):
 @pytest.mark.parametrize("name", ["side_stream", "lazy_thread", "stream_switch", "l2_persist"])
 def test_gpu_timing_cheat_gains_nothing(evaluations, honest, name):
     assert_no_timing_gain(evaluations[name], honest)
+
+
+@pytest.mark.gpu
+def test_idling_in_untimed_calls_is_suspicious(evaluations):
+    """The untimed calls that keep the GPU under load between timed calls must not be skippable for free."""
+    r = evaluations["cool_fillers"]
+    assert r.status == Status.suspicious and "untimed calls" in r.log_excerpt, show(r)
 
 
 # --- crashes and escapes -------------------------------------------------------------------------------------------

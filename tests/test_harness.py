@@ -335,6 +335,93 @@ def test_timing_bursts_grow_within_memory_budget_and_run_limits():
     assert j.burst_size(0, judge.BURST_BYTES_CPU * 3, 1e-3) == 1  # bigger than the cap: one call at a time
 
 
+def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limited_gpu_busy():
+    """The rules that keep a GPU under sustained load around timed calls (the calls themselves run only on a GPU;
+    here a fake clock, scripted call times and a scripted SM clock stand in for them)."""
+    from types import SimpleNamespace
+
+    from ksearch_graph import _candidate_runner as rl
+
+    rl.load_torch()
+    timer = rl.Timer("cpu")
+    timer.cuda = True  # the rules below only run on a GPU
+    clock, script, asked, below_top = [0.0], [], [], [True]
+
+    def back_to_back(fn, args, seconds, min_calls=1):
+        asked.append(seconds)
+        clock[0] += seconds
+        timer.untimed_us.append(script.pop(0) if script else 100.0)
+
+    def heat(first=True, times=(), limited=True):
+        clock[0], script[:], below_top[0] = 0.0, list(times), limited
+        timer.heat(None, (), first=first)
+        return clock[0]
+
+    timer.perf = lambda: clock[0]
+    timer.back_to_back = back_to_back
+    timer.clock = SimpleNamespace(limited=lambda: below_top[0])
+    window = rl.HEAT_WINDOW_S
+    # A process's first heat, power-limited: at least FIRST_HEAT_MIN_S however flat (a cool GPU throttles late).
+    assert rl.FIRST_HEAT_MIN_S <= heat() <= rl.FIRST_HEAT_MIN_S + 2 * window and timer.limited
+    # A later workload, power-limited: at least HEAT_MIN_S, then until a window is no slower than the one before.
+    rising = round(rl.HEAT_MIN_S / window) + 2  # windows still slowing down after HEAT_MIN_S
+    assert heat(times=[100 + 4 * i for i in range(rising)] + [100 + 4 * rising - 3.5]) == pytest.approx(
+        (rising + 1) * window)
+    assert rl.HEAT_MAX_S <= heat(times=[100 + 5 * i for i in range(100)]) <= rl.HEAT_MAX_S + window
+    # Not power-limited: a few windows; no fillers afterwards.
+    assert heat(limited=False) == pytest.approx(rl.UNLIMITED_HEAT_WINDOWS[0] * window) and not timer.limited
+    asked.clear()
+    timer.fill(None, (), gap_s=1e-3, call_us=1000.0)
+    assert asked == []
+    # Without NVML the heat takes the safe side: power-limited.
+    assert heat(limited=None) >= rl.HEAT_MIN_S and timer.limited
+    asked.clear()
+    timer.heat(None, (), first=False)  # a later burst of the same workload
+    assert asked == [rl.HEAT_S] and timer.limited
+    # Fillers: enough that calls fill FILL_DUTY of the time, at most FILL_MAX x the timed call.
+    asked.clear()
+    timer.fill(None, (), gap_s=0.0, call_us=100.0)  # nothing else between calls: no fillers
+    timer.fill(None, (), gap_s=50e-6, call_us=1000.0)
+    assert asked == []
+    timer.fill(None, (), gap_s=1e-3, call_us=1000.0)
+    want = min(rl.FILL_DUTY / (1 - rl.FILL_DUTY) * 1e-3 - 1e-3, rl.FILL_MAX * 1e-3)
+    assert asked == [pytest.approx(want)] and want > 0
+    # A fresh process's first heat, not power-limited: more windows than later ones (the GPU may be cool).
+    timer.heated = False
+    assert heat(limited=False) == pytest.approx(rl.UNLIMITED_HEAT_WINDOWS[1] * window)
+
+
+def test_a_timed_call_after_an_idle_gpu_follows_memory_writes_not_candidate_calls():
+    """A device idle longer than IDLE_S (inputs made on the CPU, say) gets WARM_S of the harness's own writes before
+    the timed call, paced two ahead of the host; a device seen busy just before gets none. (The writes run only on
+    a GPU; here a fake clock and fake CUDA calls stand in for them.)"""
+    from ksearch_graph import _candidate_runner as rl
+
+    rl.load_torch()
+    timer = rl.Timer("cpu")
+    timer.cuda = True
+    clock, log = [0.0], []
+
+    def write(_):
+        clock[0] += 100e-6  # each write takes a while on the host's clock (two ahead of the device)
+        log.append("write")
+
+    timer.perf = lambda: clock[0]
+    timer.zero_, timer.flush = write, None
+    timer.Event = object
+    timer.record = lambda event: None
+    timer.event_sync = lambda event: log.append("wait")
+    timer.sync = lambda: log.append("sync")
+    timer.busy_at = clock[0] - rl.IDLE_S / 2
+    timer.wake()
+    assert log == []
+    timer.busy_at = clock[0] - 2 * rl.IDLE_S
+    timer.wake()
+    writes = log.count("write")
+    assert writes == pytest.approx(rl.WARM_S / 100e-6, abs=1) and log[-1] == "sync"
+    assert log.count("wait") == writes - 2  # never more than two writes ahead of the host
+
+
 def test_an_exit_during_timing_is_reported_with_the_candidates_traceback(tmp_path):
     """sys.exit from a timed call (inside a burst) is the candidate's error, shown to the LLM as such."""
     task = write_task(tmp_path / "task")
@@ -494,6 +581,25 @@ ILLEGAL_ACCESS = CUPY_KERNEL % "\n    if (i == 0) { float* far = (float*)0x10; *
 
 def extension(body_extra: str = "") -> dict[str, str]:
     return {"kernel.cu": EXTENSION_CU % body_extra, "kernel.h": EXTENSION_H, "main.cpp": EXTENSION_MAIN}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_the_timer_reads_the_gpus_clock_and_tells_a_power_limited_kernel_from_a_light_one():
+    """NVML through the driver's library: a GPU kept busy by small copies runs at its top clock; a large matmul
+    back to back (about 0.3 s) holds an H200 at its power limit, below it."""
+    from ksearch_graph import _candidate_runner as rl
+
+    rl.load_torch()
+    timer = rl.Timer("cuda")
+    assert timer.clock is not None and timer.clock.top > 0, "NVML is not reachable: every kernel gets fillers"
+    small = torch.ones(1 << 16, device="cuda")
+    timer.heat(lambda x: x * 2, (small,), first=True)
+    assert not timer.limited, f"a light kernel read as power-limited (top clock {timer.clock.top} MHz)"
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    timer.heat(torch.matmul, (a, a), first=True)
+    if "H200" in torch.cuda.get_device_name():  # a GPU with more power headroom may hold its top clock
+        assert timer.limited, "an 8192^3 bf16 matmul back to back did not lower the SM clock"
 
 
 @pytest.mark.gpu
