@@ -50,9 +50,10 @@ FILL_MAX = 8.0  # 1.5 held an 8192^3 bf16 matmul near 75% of the time on an H200
 # A GPU left idle for a few ms runs the next small kernel slowly, though NVML shows its top SM clock: on the H200 the
 # cheat task's skinny matmul (31.6 us) read 35 / 70 / 190 us after 3 / 10 / 50 ms idle, and 31.6-31.9 us after any
 # 0.5-3 ms of load (BENCHMARKS.md, session 6); its inputs are made on the CPU in ~50 ms. So when more than IDLE_S
-# passed since the device was last seen busy, WARM_S of the harness's own memory writes run before the timed call.
-# Not the candidate's calls: its inputs exist by then, and a candidate could work ahead on them.
-IDLE_S, WARM_S = 1e-3, 1e-3
+# passed since the device was last seen busy, WARM_S of the harness's own memory writes run before the timed call
+# (sessions 2-3 wrote ~2 ms before every call, and the skinny matmul read 31-33 us then). Not the candidate's calls:
+# its inputs exist by then, and a candidate could work ahead on them.
+IDLE_S, WARM_S = 1e-3, 2e-3
 UNTIMED_RATIO = 0.5  # untimed calls faster than this share of the timed ones: the candidate tells them apart (a cache)
 TARGET_RSE = 0.01  # stop timing once the relative standard error of the mean is below 1%
 FLUSH_BYTES = 256 << 20  # at least 2x the L2 of any current GPU (H200: 50 MB)

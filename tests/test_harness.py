@@ -422,6 +422,46 @@ def test_a_timed_call_after_an_idle_gpu_follows_memory_writes_not_candidate_call
     assert log.count("wait") == writes - 2  # never more than two writes ahead of the host
 
 
+def test_a_timed_call_wakes_the_gpu_after_the_probe_and_fillers_run_before_the_next_inputs_exist():
+    """The order that keeps the checks sound: the idle-device probe, then the writes that wake the GPU, then the
+    flush and the call; untimed calls of the candidate (fillers) before the next call's inputs are made, so its code
+    never runs while they exist (tests/cheats/work_ahead.py). Fake CUDA calls and a fake burst log the order."""
+    from ksearch_graph import _candidate_runner as rl
+
+    rl.load_torch()
+    timer = rl.Timer("cpu")
+    timer.cuda, timer.runtime, log = True, None, []
+    timer.idle_gap_us = lambda: log.append("probe") or 0.0
+    timer.wake = lambda: log.append("wake")
+    timer.zero_, timer.flush = (lambda _: log.append("flush")), None
+    timer.Event = lambda enable_timing=False: object()
+    timer.record = timer.event_sync = lambda event: None
+    timer.sync = lambda: log.append("sync")
+    timer.elapsed = lambda a, b: 0.01
+    timer.time(lambda: log.append("call"), ())
+    assert log[:5] == ["probe", "wake", "flush", "call", "sync"]
+
+    class Burst:  # stands in for the Timer in timed_burst
+        busy_at = 0.0
+        perf = staticmethod(lambda: 1.0)
+        sync = staticmethod(lambda: None)
+
+        def fill(self, fn, args, gap_s, call_us):
+            log.append("fill")
+
+        def time(self, fn, args):
+            log.append("time")
+            return None, 5.0, 0.0, 6.0
+
+    def next_call(k):
+        log.append(f"inputs {k}")
+        return None, ()
+
+    log.clear()
+    rl.timed_burst(Burst(), 3, next_call, filler=(None, ()))
+    assert log == ["inputs 0", "time", "fill", "inputs 1", "time", "fill", "inputs 2", "time"]
+
+
 def test_an_exit_during_timing_is_reported_with_the_candidates_traceback(tmp_path):
     """sys.exit from a timed call (inside a burst) is the candidate's error, shown to the LLM as such."""
     task = write_task(tmp_path / "task")
