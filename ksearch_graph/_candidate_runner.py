@@ -634,15 +634,21 @@ class Runner:
                             + describe(e, self.root)))
             raise Reported from None
 
-    def burst(self, workload: str, params: dict, seeds: list, heat_seed: int, first: bool) -> None:
-        """Timed calls, one per seed, each on its own inputs; outputs and inputs held for the judge's checks, and
-        each output's fingerprint sent now: an output changed after its call (a thread, say) is caught."""
+    def burst(self, workload: str, params: dict, count: int, heat_seed: int, first: bool) -> None:
+        """``count`` timed calls, each on its own inputs; outputs and inputs held for the judge's checks, and each
+        output's fingerprint sent now: an output changed after its call (a thread, say) is caught.
+
+        Each call's seed is asked of the judge only when the call is next: had this process the whole burst's seeds,
+        a candidate could find them (and ``make_inputs``) in its memory and compute later calls' outputs in the heat
+        or in an earlier call (tests/cheats/future_seeds.py)."""
         self.held = []
-        progress(f"time {workload} x{len(seeds)}")
+        progress(f"time {workload} x{count}")
         kept = []
 
         def next_call(k: int) -> tuple:
-            inputs, fn, args = self.inputs(workload, params, seeds[k])
+            self.conn.send(("next", k))
+            reply = self.conn.recv()
+            inputs, fn, args = self.inputs(workload, params, reply[1])
             kept.append(inputs)
             return fn, args
 
@@ -651,7 +657,7 @@ class Runner:
             self.timer.untimed_us = []
             self.timer.heat(fn, args, first)
             prints = []  # taken at once: a thread of the candidate's could change a copy that waits for its check
-            done = timed_burst(self.timer, len(seeds), next_call, lambda out: prints.append(fingerprint(out)),
+            done = timed_burst(self.timer, count, next_call, lambda out: prints.append(fingerprint(out)),
                                filler=(fn, args))
             del heat_inputs, fn, args
         except Reported:

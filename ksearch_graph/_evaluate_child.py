@@ -546,9 +546,21 @@ class Judge:
             seeds = [derive_seed(self.base_seed, name, "time", first + k)
                      for k in range(self.burst_size(first, self.call_bytes[name], call_s))]
             heat_s = rl.HEAT_S if first else rl.HEAT_MAX_S + 2 * call_s
-            _, timed, prints, flags, untimed = runner.request(
-                ("burst", name, params, seeds, derive_seed(self.base_seed, name, "heat", first), first == 0),
-                self.args.call_timeout_s + (len(seeds) * (1 + rl.FILL_MAX) + 2) * 4 * call_s + heat_s, where)
+            deadline = time.monotonic() + self.args.call_timeout_s + (
+                len(seeds) * (1 + rl.FILL_MAX) + 2) * 4 * call_s + heat_s
+            reply = runner.request(("burst", name, params, len(seeds), derive_seed(self.base_seed, name, "heat", first),
+                                    first == 0), deadline - time.monotonic(), where)
+            served = 0
+            while reply[0] == "next":  # each call's seed only once the previous call is done (see rl.Runner.burst)
+                if reply[1:] != (served,) or served >= len(seeds):
+                    raise Failure("suspicious", f"{where}: the candidate's process asked for input set {reply[1:]!r} "
+                                  f"out of turn (next: {served})")
+                reply = runner.request(("seed", seeds[served]), max(0.0, deadline - time.monotonic()), where)
+                served += 1
+            if reply[0] != "timed" or len(reply) != 5 or served != len(seeds):
+                raise Failure("suspicious", f"{where}: the candidate's process answered {str(reply[0])[:40]!r} after "
+                              f"{served} of {len(seeds)} input sets, not its timings")
+            _, timed, prints, flags, untimed = reply
             self.check_flags(flags, where)
             if not (isinstance(timed, list) and isinstance(prints, list) and len(timed) == len(prints) == len(seeds)
                     and all(isinstance(t, (list, tuple)) and len(t) == 3 and all(

@@ -76,7 +76,8 @@ CPU_CANDIDATES = [
     "hang",
     "zeros", "returns_input", "uninitialised", "cache_pointer", "gc_search", "writes_input", "lower_precision",
     "calls_reference", "steal_secrets", "honest",
-    "patch_timers", "cache_content", "warmup_detector", "burst_detector", "work_ahead", "fix_up_outputs",
+    "patch_timers", "cache_content", "warmup_detector", "burst_detector", "work_ahead", "future_seeds",
+    "fix_up_outputs",
     "segfault", "exit_early", "forge_result", "forge_later", "memory_hog", "sys_exit", "keyboard_interrupt", "orphan",
     "network",
     "honest_again",
@@ -358,11 +359,12 @@ def test_patched_timers_gain_nothing(evaluations, honest):
     assert_no_timing_gain(evaluations["patch_timers"], honest)
 
 
-@pytest.mark.parametrize("name", ["cache_pointer", "cache_content", "work_ahead", "burst_detector"])
+@pytest.mark.parametrize("name", ["cache_pointer", "cache_content", "work_ahead", "future_seeds", "burst_detector"])
 def test_a_cache_gains_nothing(evaluations, honest, name):
     """A cache that hits returns a stale answer (caught) or a correct one for repeated content (no gain allowed);
     one that never hits is an honest candidate with overhead. work_ahead fills its cache from inputs it finds before
-    their call: there must be none to find. burst_detector answers zeros when called within 2 ms of its last
+    their call: there must be none to find; future_seeds rebuilds them from the seeds it finds in its process: there
+    must be none ahead of their call. burst_detector answers zeros when called within 2 ms of its last
     return: caught by the re-checks where it triggers, an honest candidate where it does not."""
     assert_no_timing_gain(evaluations[name], honest)
 
