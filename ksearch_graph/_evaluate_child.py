@@ -524,6 +524,7 @@ class Judge:
             started = time.perf_counter()
             while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs):
                 first = len(times)
+                self.timer.untimed_us = []  # only the candidate's are checked; here they would just pile up
                 self.timer.heat(f, a, first == 0)
                 done = rl.timed_burst(self.timer, self.burst_size(first, call_bytes, call_s),
                                       lambda k: call(first + k),  # noqa: B023 (called before the next iteration)
