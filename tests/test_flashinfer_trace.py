@@ -346,7 +346,9 @@ def test_cli_run_on_a_definition_then_export_round_trip(tmp_path):
         ev = t.evaluation
         assert ev.status == EvaluationStatus.PASSED and ev.performance.latency_ms > 0
         assert ev.performance.reference_latency_ms > 0 and ev.performance.speedup_factor > 0
-        assert 0 < ev.correctness.max_absolute_error <= 0.05
+        # Real and small: a bfloat16 output is off by whole ulps, and one ulp is 0.0625 for outputs in [8, 16) (a
+        # fresh clone's CI drew such an input once against the 0.05 this said before).
+        assert 0 < ev.correctness.max_absolute_error <= 0.125
         assert ev.environment.hardware and ev.environment.libs["torch"] == torch.__version__
     failed = [t for t in traces if t.solution == other.name]
     assert [t.evaluation.status for t in failed] == [EvaluationStatus.INCORRECT_NUMERICAL]
