@@ -49,11 +49,12 @@ FILL_DUTY = 0.85
 FILL_MAX = 8.0  # 1.5 held an 8192^3 bf16 matmul near 75% of the time on an H200: 6.3% faster than do_bench
 # A GPU left idle for a few ms runs the next small kernel slowly, though NVML shows its top SM clock: on the H200 the
 # cheat task's skinny matmul (31.6 us) read 35 / 70 / 190 us after 3 / 10 / 50 ms idle, and 31.6-31.9 us after any
-# 0.5-3 ms of load (BENCHMARKS.md, session 6); its inputs are made on the CPU in ~50 ms. So when more than IDLE_S
-# passed since the device was last seen busy, WARM_S of the harness's own memory writes run before the timed call
-# (sessions 2-3 wrote ~2 ms before every call, and the skinny matmul read 31-33 us then). Not the candidate's calls:
-# its inputs exist by then, and a candidate could work ahead on them.
-IDLE_S, WARM_S = 1e-3, 2e-3
+# 0.5-3 ms of the kernel's own calls (BENCHMARKS.md, sessions 6-7); its inputs are made on the CPU in ~50 ms. So when
+# more than IDLE_S passed since the device was last seen busy, WARM_S of the harness's own bf16 matmuls (WAKE_N^3,
+# ~25 us each on an H200) run before the timed call. Not memory writes: ``zero_`` is a memset, which leaves the SMs
+# idle, and 0.5-3 ms of it woke nothing (the skinny matmul read 89-168 us after 10-50 ms idle; session 7). Not the
+# candidate's calls: its inputs exist by then, and a candidate could work ahead on them.
+IDLE_S, WARM_S, WAKE_N = 1e-3, 2e-3, 2048
 UNTIMED_RATIO = 0.5  # untimed calls faster than this share of the timed ones: the candidate tells them apart (a cache)
 TARGET_RSE = 0.01  # stop timing once the relative standard error of the mean is below 1%
 FLUSH_BYTES = 256 << 20  # at least 2x the L2 of any current GPU (H200: 50 MB)
@@ -306,6 +307,9 @@ class Timer:
             self.sync = torch.cuda.synchronize
             self.runtime = CudaRuntime()  # first: it sets how the host waits, before the context exists
             self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+            self.mm = torch.mm
+            operand = torch.randn(WAKE_N, WAKE_N, dtype=torch.bfloat16, device=device)
+            self.wake_args = (operand, operand.t(), torch.empty_like(operand))  # see WAKE_N
             self.clock = SmClock(self.runtime.pci_bus_id())
         else:
             self.sync = lambda: None
@@ -401,13 +405,14 @@ class Timer:
             self.back_to_back(fn, args, seconds)
 
     def wake(self) -> None:
-        """WARM_S of memory writes, then a synchronize, when the device may have idled longer than IDLE_S. At most
-        two writes run ahead of the host, so the host's wait in the timed call that follows is as short as ever."""
+        """WARM_S of the harness's own matmuls, then a synchronize, when the device may have idled longer than IDLE_S.
+        At most two run ahead of the host, so the host's wait in the timed call that follows is as short as ever."""
         if not self.cuda or self.perf() - self.busy_at <= IDLE_S:
             return
+        a, b, out = self.wake_args
         marks, until = [], self.perf() + WARM_S
         while self.perf() < until:
-            self.zero_(self.flush)
+            self.mm(a, b, out=out)
             marks.append(self.Event())
             self.record(marks[-1])
             if len(marks) > 2:

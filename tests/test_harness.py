@@ -391,23 +391,25 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
     assert heat(limited=False) == pytest.approx(rl.UNLIMITED_HEAT_WINDOWS[1] * window)
 
 
-def test_a_timed_call_after_an_idle_gpu_follows_memory_writes_not_candidate_calls():
-    """A device idle longer than IDLE_S (inputs made on the CPU, say) gets WARM_S of the harness's own writes before
-    the timed call, paced two ahead of the host; a device seen busy just before gets none. (The writes run only on
-    a GPU; here a fake clock and fake CUDA calls stand in for them.)"""
+def test_a_timed_call_after_an_idle_gpu_follows_the_harness_matmuls_not_candidate_calls():
+    """A device idle longer than IDLE_S (inputs made on the CPU, say) gets WARM_S of the harness's own matmuls on its
+    own operands before the timed call, paced two ahead of the host; a device seen busy just before gets none. (They
+    run only on a GPU; here a fake clock and fake CUDA calls stand in for them.)"""
     from ksearch_graph import _candidate_runner as rl
 
     rl.load_torch()
     timer = rl.Timer("cpu")
     timer.cuda = True
     clock, log = [0.0], []
+    own = ("a", "b", "out")
 
-    def write(_):
-        clock[0] += 100e-6  # each write takes a while on the host's clock (two ahead of the device)
+    def matmul(a, b, out):
+        assert (a, b, out) == own
+        clock[0] += 100e-6  # each takes a while on the host's clock (two ahead of the device)
         log.append("write")
 
     timer.perf = lambda: clock[0]
-    timer.zero_, timer.flush = write, None
+    timer.mm, timer.wake_args = matmul, own
     timer.Event = object
     timer.record = lambda event: None
     timer.event_sync = lambda event: log.append("wait")

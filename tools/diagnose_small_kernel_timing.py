@@ -1,14 +1,17 @@
-"""How fast an idle H200 lowers its clocks, and how much load before a timed call brings them back.
+"""Why small kernels read slow after an idle GPU, and what load before a timed call brings them back.
 
     python tools/diagnose_small_kernel_timing.py      # on the GPU host, from the repository root (~1 min)
 
 Session 6 found why the cheat task's skinny workload (relu(x @ w), 16x4096 @ 4096x2048 fp32: 31 us back to back)
 read 105-212 us in the harness's timed calls: its inputs are made on the CPU (~50 ms), the GPU idles meanwhile, and
-the 256 MB flush before the call does not bring the clocks back (BENCHMARKS.md, session 6). This prints, per kernel,
-the timed call's median / max device time and the SM clock before it, after an idle of 0-50 ms, with 0-3 ms of
-load between the idle and the call: the kernel's own calls (``Timer.back_to_back``; session 6 measured these), or
-the harness's memory writes (``Timer.wake``, what timed calls get); then whole evaluations of the cheat task's
-honest candidate through SubprocessEvaluator.
+the 256 MB flush before the call does not bring it back (BENCHMARKS.md, sessions 6-7). This prints:
+
+1. per kernel, the timed call's median / max device time and the SM clock before it, after an idle of 0-50 ms, with
+   0-3 ms of load between the idle and the call: the kernel's own calls (``Timer.back_to_back``), the harness's
+   matmuls (``Timer.wake``, what timed calls get), or memory writes (``zero_``, a memset: session 6's wake-up);
+2. a power-limited kernel (an 8192^3 bf16 matmul) timed as a burst does it, after its heat, with fillers before each
+   call's inputs, then each of those wake-ups (or none) just before the call, against ``triton.testing.do_bench``;
+3. whole evaluations of the cheat task's honest candidate through SubprocessEvaluator.
 """
 
 from __future__ import annotations
@@ -26,13 +29,33 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def idle_study() -> None:
-    import torch
+def writes(timer, seconds: float) -> None:
+    """Session 6's wake-up: memory writes, two ahead of the host."""
+    marks, until = [], timer.perf() + seconds
+    while timer.perf() < until:
+        timer.zero_(timer.flush)
+        marks.append(timer.Event())
+        timer.record(marks[-1])
+        if len(marks) > 2:
+            timer.event_sync(marks[-3])
+    timer.sync()
 
-    from ksearch_graph import _candidate_runner as rl
 
-    rl.load_torch()
-    timer = rl.Timer("cuda")
+def warm_up(rl, timer, label: str, seconds: float, fn, heat_args) -> None:
+    """Load of one kind just before ``timer.time``; the harness's matmuls run inside it (``Timer.wake``)."""
+    if label.startswith("calls"):
+        timer.back_to_back(fn, heat_args, seconds)
+    elif label.startswith("writes"):
+        writes(timer, seconds)
+    rl.WARM_S = seconds
+    timer.busy_at = -1.0 if label.startswith("harness") else timer.perf()
+
+
+WARMS = [("none", 0.0)] + [(f"{kind} {ms} ms", ms / 1e3) for kind in ("calls", "harness") for ms in (0.5, 1, 3)] + [
+    ("writes 2 ms", 2e-3)]
+
+
+def idle_study(rl, timer, torch) -> None:
     clock = timer.clock
 
     def mhz() -> int:
@@ -49,28 +72,55 @@ def idle_study() -> None:
         "matmul bf16 3072": (torch.matmul, lambda: tuple(
             torch.randn(3072, 3072, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))),
     }
-    warms = [("none", 0.0)] + [(f"{kind} {ms} ms", ms) for kind in ("calls", "writes") for ms in (0.5, 1.0, 3.0)]
     print(f"top SM clock {clock.top if clock else None} MHz; cells: median / max us (SM clock before the warm-up)")
-    print("| kernel | idle | " + " | ".join(label for label, _ in warms) + " |")
+    print("| kernel | idle | " + " | ".join(label for label, _ in WARMS) + " |")
+    print("| --- | --- | " + "--- | " * len(WARMS))
     for name, (fn, make) in kernels.items():
         heat = make()
         timer.heat(fn, heat, first=True)
-        for idle_ms in (0, 1, 3, 10, 50):
+        for idle_ms in (0, 3, 10, 50):
             cells = []
-            for label, warm_ms in warms:
+            for label, seconds in WARMS:
                 us, clocks = [], []
                 for _ in range(10):
                     args = make()
                     timer.sync()
                     time.sleep(idle_ms / 1e3)
                     clocks.append(mhz())
-                    if label.startswith("calls"):
-                        timer.back_to_back(fn, heat, warm_ms / 1e3)
-                    rl.WARM_S = warm_ms / 1e3  # Timer.time wakes the device with this much writing...
-                    timer.busy_at = -1.0 if label.startswith("writes") else timer.perf()  # ...when it idled
+                    warm_up(rl, timer, label, seconds, fn, heat)
                     us.append(timer.time(fn, args)[1])
                 cells.append(f"{statistics.median(us):.1f} / {max(us):.0f} ({statistics.median(clocks):.0f})")
-            print(f"| {name} | {idle_ms} ms | " + " | ".join(cells) + " |")
+            print(f"| {name} | {idle_ms} ms | " + " | ".join(cells) + " |", flush=True)
+
+
+def limited_study(rl, timer, torch) -> None:
+    import triton.testing
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+
+    def make():
+        return tuple(torch.randn(8192, 8192, generator=g, device="cuda").to(torch.bfloat16) for _ in range(2))
+
+    fn, heat = torch.matmul, make()
+    timer.heat(fn, heat, first=True)
+    print(f"\n8192^3 bf16 matmul: power-limited {timer.limited}; 30 timed calls per row, fillers before the inputs")
+    print("| wake-up before each timed call | mean us | median us | std us |")
+    print("| --- | --- | --- | --- |")
+    for label, seconds in [("none", 0.0), ("harness 2 ms", 2e-3), ("writes 2 ms", 2e-3), ("calls 2 ms", 2e-3)] * 2:
+        us, gap_s = [], 0.0
+        for k in range(30):
+            if k:
+                timer.fill(fn, heat, gap_s, us[-1])
+            t0 = timer.perf()
+            args = make()
+            warm_up(rl, timer, label, seconds, fn, heat)
+            us.append(timer.time(fn, args)[1])
+            del args
+            gap_s = max(0.0, timer.perf() - t0 - us[-1] * 1e-6)
+        print(f"| {label} | {statistics.fmean(us):.1f} | {statistics.median(us):.1f} | {statistics.stdev(us):.1f} |",
+              flush=True)
+    ms = triton.testing.do_bench(lambda: fn(*heat), warmup=50, rep=300, return_mode="mean")
+    print(f"do_bench (cold L2, 300 ms): {ms * 1e3:.1f} us")
 
 
 def evaluations() -> None:
@@ -94,5 +144,10 @@ def evaluations() -> None:
 
 
 if __name__ == "__main__":
-    idle_study()
+    from ksearch_graph import _candidate_runner as rl
+
+    rl.load_torch()
+    timer = rl.Timer("cuda")
+    idle_study(rl, timer, rl.torch)
+    limited_study(rl, timer, rl.torch)
     evaluations()

@@ -117,12 +117,16 @@ def calibrate(rows: list) -> None:
     evaluator.close()  # its prestarted processes would share the GPU with the independent timings below
     for w in task.spec.workloads:
         found = [next(x for x in r.workloads if x.workload == w.name) for r in runs if r.passed]
-        row = {"workload": w.name, "harness_us": [round(x.latency_us, 2) for x in found], "runs": [x.runs for x in found]}
+        row = {"workload": w.name, "harness_us": [round(x.latency_us, 2) for x in found], "runs": [x.runs for x in found],
+               "harness_median_us": [round(x.median_us, 2) for x in found],
+               "harness_std_us": [round(x.std_us, 2) for x in found]}
         if found:
             row.update(independent_times(w))
             mid = statistics.median(x.latency_us for x in found)
             row["harness_mean_us"] = mid
             row["repeat_spread_pct"] = 100 * (max(row["harness_us"]) - min(row["harness_us"])) / mid
+            medians = row["harness_median_us"]  # the spread of the medians, for comparison (scores use means)
+            row["median_spread_pct"] = 100 * (max(medians) - min(medians)) / statistics.median(medians)
             for name in COMPARED:
                 row[f"vs_{name}_pct"] = 100 * (mid - row[name]) / row[name]
         rows.append(row)
