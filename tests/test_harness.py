@@ -347,10 +347,12 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
     timer.cuda = True  # the rules below only run on a GPU
     clock, script, asked, below_top = [0.0], [], [], [True]
 
-    def back_to_back(fn, args, seconds, min_calls=1):
+    def back_to_back(fn, args, seconds, min_calls=1, while_busy=None):
         asked.append(seconds)
         clock[0] += seconds
         timer.untimed_us.append(script.pop(0) if script else 100.0)
+        if while_busy is not None:  # the SM clock is read while the calls run
+            while_busy()
 
     def heat(first=True, times=(), limited=True):
         clock[0], script[:], below_top[0] = 0.0, list(times), limited
@@ -435,13 +437,14 @@ def test_a_timed_call_wakes_the_gpu_after_the_probe_and_fillers_run_before_the_n
     timer.cuda, timer.runtime, log = True, None, []
     timer.idle_gap_us = lambda: log.append("probe") or 0.0
     timer.wake = lambda: log.append("wake")
+    timer.spin, timer.cover_cycles = (lambda cycles: log.append("cover")), 1000
     timer.zero_, timer.flush = (lambda _: log.append("flush")), None
     timer.Event = lambda enable_timing=False: object()
     timer.record = timer.event_sync = lambda event: None
     timer.sync = lambda: log.append("sync")
     timer.elapsed = lambda a, b: 0.01
     timer.time(lambda: log.append("call"), ())
-    assert log[:5] == ["probe", "wake", "flush", "call", "sync"]
+    assert log[:6] == ["probe", "wake", "cover", "flush", "call", "sync"]
 
     class Burst:  # stands in for the Timer in timed_burst
         busy_at = 0.0

@@ -42,17 +42,20 @@ def writes(timer, seconds: float) -> None:
 
 
 def warm_up(rl, timer, label: str, seconds: float, fn, heat_args) -> None:
-    """Load of one kind just before ``timer.time``; the harness's matmuls run inside it (``Timer.wake``)."""
+    """Load of one kind just before ``timer.time``; the harness's matmuls run inside it (``Timer.wake``), and so does
+    the spin that covers the call's launch (``COVER_S``) when the label says "cover"."""
     if label.startswith("calls"):
         timer.back_to_back(fn, heat_args, seconds)
     elif label.startswith("writes"):
         writes(timer, seconds)
     rl.WARM_S = seconds
     timer.busy_at = -1.0 if label.startswith("harness") else timer.perf()
+    cover_s = rl.COVER_S * (2 if "cover 1 ms" in label else 1) if "cover" in label else 0.0
+    timer.cover_cycles = int(cover_s * (timer.clock.top or 2000) * 1e6)
 
 
-WARMS = [("none", 0.0)] + [(f"{kind} {ms} ms", ms / 1e3) for kind in ("calls", "harness") for ms in (0.5, 1, 3)] + [
-    ("writes 2 ms", 2e-3)]
+WARMS = [("none", 0.0), ("cover", 0.0), ("cover 1 ms", 0.0), ("calls 1 ms", 1e-3), ("harness 2 ms", 2e-3),
+         ("harness 2 ms + cover", 2e-3), ("writes 2 ms + cover", 2e-3)]
 
 
 def idle_study(rl, timer, torch) -> None:
@@ -72,24 +75,35 @@ def idle_study(rl, timer, torch) -> None:
         "matmul bf16 3072": (torch.matmul, lambda: tuple(
             torch.randn(3072, 3072, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))),
     }
-    print(f"top SM clock {clock.top if clock else None} MHz; cells: median / max us (SM clock before the warm-up)")
+    print(f"top SM clock {clock.top if clock else None} MHz; cells: median / max us of device time (median host us "
+          "of launching the call; SM clock before the warm-up)")
     print("| kernel | idle | " + " | ".join(label for label, _ in WARMS) + " |")
     print("| --- | --- | " + "--- | " * len(WARMS))
     for name, (fn, make) in kernels.items():
         heat = make()
         timer.heat(fn, heat, first=True)
-        for idle_ms in (0, 3, 10, 50):
+        launch = []
+
+        def launched(*args):
+            t0 = time.perf_counter()
+            out = fn(*args)
+            launch.append((time.perf_counter() - t0) * 1e6)
+            return out
+
+        for idle_ms in (0, 10, 50):
             cells = []
             for label, seconds in WARMS:
                 us, clocks = [], []
+                launch.clear()
                 for _ in range(10):
                     args = make()
                     timer.sync()
                     time.sleep(idle_ms / 1e3)
                     clocks.append(mhz())
                     warm_up(rl, timer, label, seconds, fn, heat)
-                    us.append(timer.time(fn, args)[1])
-                cells.append(f"{statistics.median(us):.1f} / {max(us):.0f} ({statistics.median(clocks):.0f})")
+                    us.append(timer.time(launched, args)[1])
+                cells.append(f"{statistics.median(us):.1f} / {max(us):.0f} ({statistics.median(launch):.0f}; "
+                             f"{statistics.median(clocks):.0f})")
             print(f"| {name} | {idle_ms} ms | " + " | ".join(cells) + " |", flush=True)
 
 
@@ -102,11 +116,20 @@ def limited_study(rl, timer, torch) -> None:
         return tuple(torch.randn(8192, 8192, generator=g, device="cuda").to(torch.bfloat16) for _ in range(2))
 
     fn, heat = torch.matmul, make()
+    timer.cover_cycles = 0
     timer.heat(fn, heat, first=True)
-    print(f"\n8192^3 bf16 matmul: power-limited {timer.limited}; 30 timed calls per row, fillers before the inputs")
+    under_load = []
+    for _ in range(20):  # ~30 ms of calls queued, the clock read while they run, then after a synchronize
+        fn(*heat)
+    for _ in range(5):
+        time.sleep(3e-3)
+        under_load.append(timer.clock.limited())
+    timer.sync()
+    print(f"\n8192^3 bf16 matmul: heat says power-limited {timer.limited}; NVML under load says limited "
+          f"{under_load}, after a synchronize {timer.clock.limited()}; 30 timed calls per row, fillers before the inputs")
     print("| wake-up before each timed call | mean us | median us | std us |")
     print("| --- | --- | --- | --- |")
-    for label, seconds in [("none", 0.0), ("harness 2 ms", 2e-3), ("writes 2 ms", 2e-3), ("calls 2 ms", 2e-3)] * 2:
+    for label, seconds in [("none", 0.0), ("cover", 0.0), ("harness 2 ms + cover", 2e-3), ("calls 2 ms", 2e-3)] * 2:
         us, gap_s = [], 0.0
         for k in range(30):
             if k:
