@@ -37,28 +37,25 @@ MIN_RUNS_GPU = 10  # three steady samples can all come from one clock state (see
 # 1.37-1.40 ms for the first 50 ms, 1.59 ms after 0.3 s; SM clock 1455-1605 MHz instead of 1980), and recovers
 # within ~50 ms of lighter work (BENCHMARKS.md, session 5). Before a workload's first burst of timed calls, the
 # candidate's own calls run back to back on other inputs (a heat, HEAT_WINDOW_S at a time, until a window is no
-# slower than the one before). When the GPU's SM clock then reads below CLOCK_LIMITED of its top clock, the kernel is
-# power-limited: the heat lasts at least HEAT_MIN_S (FIRST_HEAT_MIN_S for a process's first, from a possibly cool
-# GPU), and between timed calls more untimed calls keep the candidate's calls at FILL_DUTY of the time (input
-# generation, checks and copies fill the rest, and draw less power), at most FILL_MAX x the timed call's time. Other
-# kernels run at top clocks either way and get neither. A later burst of a workload gets HEAT_S.
+# slower than the one before). When the GPU's SM clock reads below CLOCK_LIMITED of its top clock while they run, or
+# they slowed down (LOAD_SLOWDOWN), the kernel is power-limited: the heat lasts at least HEAT_MIN_S (FIRST_HEAT_MIN_S
+# for a process's first, from a possibly cool GPU), and between timed calls more untimed calls keep the candidate's
+# calls at FILL_DUTY of the time (input generation, checks and copies fill the rest, and draw less power), at most
+# FILL_MAX x the timed call's time. Other kernels run at top clocks either way and get neither. A later burst of a workload gets HEAT_S.
 HEAT_S, HEAT_WINDOW_S, HEAT_MIN_S, FIRST_HEAT_MIN_S, HEAT_MAX_S = 0.02, 0.025, 0.2, 0.3, 0.5
 UNLIMITED_HEAT_WINDOWS = 2, 4  # windows before a heat may call a kernel not power-limited (later, process's first)
 CLOCK_LIMITED = 0.97
+# Calls that slow down under their own load by more than LOAD_SLOWDOWN (the last heat window against the fastest
+# after the first) are limited too, whatever NVML says: in session 7 NVML read top clock, even while an 8192^3 bf16
+# matmul ran, which took 1.38 ms in timed calls and 1.58-1.63 ms in do_bench.
+LOAD_SLOWDOWN = 0.03
 FILL_DUTY = 0.85
 FILL_MAX = 8.0  # 1.5 held an 8192^3 bf16 matmul near 75% of the time on an H200: 6.3% faster than do_bench
-# A GPU left idle for a few ms runs the next small kernel slowly, though NVML shows its top SM clock: on the H200 the
-# cheat task's skinny matmul (31.6 us) read 35 / 70 / 190 us after 3 / 10 / 50 ms idle, and 31.6-31.9 us after any
-# 0.5-3 ms of the kernel's own calls (BENCHMARKS.md, sessions 6-7); its inputs are made on the CPU in ~50 ms. So when
-# more than IDLE_S passed since the device was last seen busy, WARM_S of the harness's own bf16 matmuls (WAKE_N^3,
-# ~25 us each on an H200) run before the timed call. Not memory writes: ``zero_`` is a memset, which leaves the SMs
-# idle, and 0.5-3 ms of it woke nothing (the skinny matmul read 89-168 us after 10-50 ms idle; session 7). Not the
-# candidate's calls: its inputs exist by then, and a candidate could work ahead on them.
-IDLE_S, WARM_S, WAKE_N = 1e-3, 2e-3, 2048
-# The host may take longer to launch the timed call than the flush takes to run (a cold host, after it waited on the
-# judge's pipe or made inputs for 50 ms); the device then idles between the start event and the call's kernels, and
-# that idle counts. A spin kernel of COVER_S before the flush gives the host COVER_S plus the flush to launch the
-# call, as back-to-back use hides launches behind the previous call.
+# A host that has waited (on the judge's pipe, or asleep) or made inputs on the CPU takes 130-230 us to launch the next
+# call instead of ~40 (an H200 host, session 7), and the device idles between the start event and the call's kernels
+# meanwhile: a 32 us matmul read 96-190 us. So before each timed call a kernel that holds every SM for COVER_S and
+# then flushes the L2 runs on the timed stream, and the host launches the call behind it (_launch_cover.py, which
+# also says why it fills every SM). Back-to-back use hides launches the same way.
 COVER_S = 0.5e-3
 UNTIMED_RATIO = 0.5  # untimed calls faster than this share of the timed ones: the candidate tells them apart (a cache)
 TARGET_RSE = 0.01  # stop timing once the relative standard error of the mean is below 1%
@@ -285,6 +282,25 @@ class SmClock:
         return now.value < CLOCK_LIMITED * self.top
 
 
+def launch_cover(flush) -> tuple:
+    """(cover, what it is): the Triton kernel of _launch_cover.py; where Triton cannot build it, a one-thread spin
+    and the flush, which cover the launch as well but let work on other streams run beside them (the result's
+    environment says which ran)."""
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        cover = load_module("_ksearch_launch_cover", os.path.join(here, "_launch_cover.py"))
+        return cover.LaunchCover(flush, COVER_S), "every SM held"
+    except Exception as e:  # noqa: BLE001 - any failure to build it leaves the weaker cover, reported
+        spin, zero_, cycles = torch.cuda._sleep, torch.Tensor.zero_, int(COVER_S * 2e9)
+
+        def cover():
+            spin(cycles)
+            zero_(flush)
+
+        progress(f"launch cover: Triton kernel unavailable ({type(e).__name__}: {e}); a one-thread spin instead")
+        return cover, f"one-thread spin ({type(e).__name__})"
+
+
 class Timer:
     """One timed call, done the same way for the reference (in the judge) and the candidate (here).
 
@@ -302,7 +318,6 @@ class Timer:
         self.untimed_us: list[float] = []  # device times of heat and filler calls, for the caller's consistency check
         self.heated = False  # the first heat of this process may start from a cool GPU
         self.limited = True  # the current workload holds the GPU below its top clock (see CLOCK_LIMITED)
-        self.busy_at = self.perf()  # when this process last saw the device finish work (see IDLE_S)
         self.clock = None
         if self.cuda:
             self.Event = torch.cuda.Event
@@ -312,22 +327,17 @@ class Timer:
             self.sync = torch.cuda.synchronize
             self.runtime = CudaRuntime()  # first: it sets how the host waits, before the context exists
             self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
-            self.mm = torch.mm
-            operand = torch.randn(WAKE_N, WAKE_N, dtype=torch.bfloat16, device=device)
-            self.wake_args = (operand, operand.t(), torch.empty_like(operand))  # see WAKE_N
-            self.clock = SmClock(self.runtime.pci_bus_id())
-            self.spin = torch.cuda._sleep
-            self.cover_cycles = int(COVER_S * (self.clock.top or 2000) * 1e6)  # at the top clock; longer below it
+            self.cover, self.cover_kind = launch_cover(self.flush)
         else:
             self.sync = lambda: None
             self.flush = None
             self.runtime = None
-            self.cover_cycles = 0
+            self.cover, self.cover_kind = None, "none (CPU)"
 
 
     def time(self, fn, args) -> tuple:
-        """(output, device us, escaped us, host us) of one call, the L2 flushed first (256 MB written), after
-        ``wake()``.
+        """(output, device us, escaped us, host us) of one call, behind the launch cover, which ends with the L2
+        flushed (256 MB written; see COVER_S).
 
         Escaped: how much longer the device stayed busy after the call's end event than it takes this process, right
         now, to see an idle device (a probe just before the call). Work the call left on another stream shows here.
@@ -345,12 +355,8 @@ class Timer:
         if self.runtime is not None:
             self.runtime.reset_persisting_l2()
         probe = self.idle_gap_us()
-        self.wake()
         start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
-        # The spin and the flush keep the GPU busy while the call is launched (see COVER_S).
-        if self.cover_cycles:
-            self.spin(self.cover_cycles)
-        self.zero_(self.flush)
+        self.cover()  # holds the GPU while the call is launched, then flushes the L2 (see COVER_S)
         h0 = self.perf()
         self.record(start)
         out = fn(*args)
@@ -359,7 +365,6 @@ class Timer:
         h1 = self.perf()
         self.record(idle)
         self.event_sync(idle)
-        self.busy_at = self.perf()
         return out, self.elapsed(start, end) * 1e3, self.elapsed(end, idle) * 1e3 - probe, (h1 - h0) * 1e6
 
     def back_to_back(self, fn, args, seconds: float, min_calls: int = 1, while_busy=None) -> None:
@@ -382,7 +387,6 @@ class Timer:
         if while_busy is not None:
             while_busy()
         self.sync()
-        self.busy_at = self.perf()
         self.untimed_us += [self.elapsed(a, b) * 1e3 for a, b in pairs]
 
     def heat(self, fn, args, first: bool) -> None:
@@ -405,6 +409,7 @@ class Timer:
             windows.append(sum(self.untimed_us[done:]) / max(1, len(self.untimed_us) - done))
             if len(windows) > 1:  # the first window's clock may still be ramping up from idle
                 limited = limited or clock[-1] is None or clock[-1]  # without NVML: as if limited (the safe side)
+                limited = limited or windows[-1] > min(windows[1:]) * (1 + LOAD_SLOWDOWN)
             settled = self.perf() - started >= least[0] if limited else len(windows) >= least[1]
             if settled and len(windows) > 1 and windows[-1] <= windows[-2] * 1.01:
                 break
@@ -417,21 +422,6 @@ class Timer:
         seconds = min(FILL_DUTY / (1 - FILL_DUTY) * gap_s - call_us * 1e-6, FILL_MAX * call_us * 1e-6)
         if self.limited and seconds > 0:
             self.back_to_back(fn, args, seconds)
-
-    def wake(self) -> None:
-        """WARM_S of the harness's own matmuls, then a synchronize, when the device may have idled longer than IDLE_S.
-        At most two run ahead of the host, so the host's wait in the timed call that follows is as short as ever."""
-        if not self.cuda or self.perf() - self.busy_at <= IDLE_S:
-            return
-        a, b, out = self.wake_args
-        marks, until = [], self.perf() + WARM_S
-        while self.perf() < until:
-            self.mm(a, b, out=out)
-            marks.append(self.Event())
-            self.record(marks[-1])
-            if len(marks) > 2:
-                self.event_sync(marks[-3])
-        self.sync()
 
     def idle_gap_us(self) -> float:
         """Device time between an event and the next one this process records after a device-wide synchronize, on
@@ -474,7 +464,6 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> 
         del out
         if seen is not None:
             seen(done[-1][0])
-        timer.busy_at = timer.perf()  # the copy and the fingerprint waited for the device
         gap_s = max(0.0, timer.perf() - t0 - us * 1e-6)
     return done
 
@@ -749,7 +738,8 @@ def main() -> None:
     # be waiting for its job: it can start us ahead of time). It says "import", with the task's details, when done;
     # only then does candidate code run (its import could leave work running on the GPU).
     conn.send(("loaded", {"network_isolated": network, "device": cfg["device"],
-                           "host_spin_wait": bool(timer.runtime and timer.runtime.spin_wait)}))
+                           "host_spin_wait": bool(timer.runtime and timer.runtime.spin_wait),
+                           "launch_cover": timer.cover_kind}))
     msg = conn.recv()
     if msg[0] != "import":
         return

@@ -260,7 +260,7 @@ def evaluations(task, probe, marker):
     }
     if ON_GPU:
         jobs |= {name: job(name) for name in ("side_stream", "lazy_thread", "l2_persist", "stream_switch",
-                                              "cool_fillers")}
+                                              "overlap_cover", "cool_fillers")}
         jobs |= {name: then_honest(name) for name in ("illegal_memory", "cuda_oom")}
     with pytest.MonkeyPatch.context() as mp:
         for key, value in SECRETS.items():  # the search process's own environment has them too
@@ -370,7 +370,7 @@ def test_a_cache_gains_nothing(evaluations, honest, name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["side_stream", "lazy_thread", "stream_switch", "l2_persist"])
+@pytest.mark.parametrize("name", ["side_stream", "lazy_thread", "stream_switch", "overlap_cover", "l2_persist"])
 def test_gpu_timing_cheat_gains_nothing(evaluations, honest, name):
     assert_no_timing_gain(evaluations[name], honest)
 

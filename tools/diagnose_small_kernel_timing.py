@@ -1,16 +1,18 @@
-"""Why small kernels read slow after an idle GPU, and what load before a timed call brings them back.
+"""Why small kernels read slow after the host waited, and what covers it.
 
     python tools/diagnose_small_kernel_timing.py      # on the GPU host, from the repository root (~1 min)
 
-Session 6 found why the cheat task's skinny workload (relu(x @ w), 16x4096 @ 4096x2048 fp32: 31 us back to back)
-read 105-212 us in the harness's timed calls: its inputs are made on the CPU (~50 ms), the GPU idles meanwhile, and
-the 256 MB flush before the call does not bring it back (BENCHMARKS.md, sessions 6-7). This prints:
+Session 6 found the cheat task's skinny workload (relu(x @ w), 16x4096 @ 4096x2048 fp32: 31 us back to back) read
+105-212 us in timed calls after its inputs were made on the CPU (~50 ms); session 7 found why: the host then takes
+130-230 us to launch the call, and the device idles between the start event and the call's kernels (BENCHMARKS.md).
+This prints:
 
-1. per kernel, the timed call's median / max device time and the SM clock before it, after an idle of 0-50 ms, with
-   0-3 ms of load between the idle and the call: the kernel's own calls (``Timer.back_to_back``), the harness's
-   matmuls (``Timer.wake``, what timed calls get), or memory writes (``zero_``, a memset: session 6's wake-up);
+1. per kernel, the timed call's median / max device time, the host's median time to launch the call, and the SM
+   clock before it, after an idle of 0-50 ms (the host asleep), with one of: nothing but the 256 MB flush (``zero_``,
+   as before session 7), the launch cover (``Timer.cover``: every SM held 0.5 ms, then the flush), or 1 ms of the
+   kernel's own calls first (``Timer.back_to_back``, which warms the host's launch path);
 2. a power-limited kernel (an 8192^3 bf16 matmul) timed as a burst does it, after its heat, with fillers before each
-   call's inputs, then each of those wake-ups (or none) just before the call, against ``triton.testing.do_bench``;
+   call's inputs, against ``triton.testing.do_bench``;
 3. whole evaluations of the cheat task's honest candidate through SubprocessEvaluator.
 """
 
@@ -29,36 +31,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def writes(timer, seconds: float) -> None:
-    """Session 6's wake-up: memory writes, two ahead of the host."""
-    marks, until = [], timer.perf() + seconds
-    while timer.perf() < until:
-        timer.zero_(timer.flush)
-        marks.append(timer.Event())
-        timer.record(marks[-1])
-        if len(marks) > 2:
-            timer.event_sync(marks[-3])
-    timer.sync()
-
-
-def warm_up(rl, timer, label: str, seconds: float, fn, heat_args) -> None:
-    """Load of one kind just before ``timer.time``; the harness's matmuls run inside it (``Timer.wake``), and so does
-    the spin that covers the call's launch (``COVER_S``) when the label says "cover"."""
+def warm_up(timer, label: str, fn, heat_args) -> None:
+    """What runs before ``timer.time`` (see the module's docstring)."""
     if label.startswith("calls"):
-        timer.back_to_back(fn, heat_args, seconds)
-    elif label.startswith("writes"):
-        writes(timer, seconds)
-    rl.WARM_S = seconds
-    timer.busy_at = -1.0 if label.startswith("harness") else timer.perf()
-    cover_s = rl.COVER_S * (2 if "cover 1 ms" in label else 1) if "cover" in label else 0.0
-    timer.cover_cycles = int(cover_s * (timer.clock.top or 2000) * 1e6)
+        timer.back_to_back(fn, heat_args, 1e-3)
+    timer.cover = timer.launch_cover if "cover" in label else (lambda: timer.zero_(timer.flush))
 
 
-WARMS = [("none", 0.0), ("cover", 0.0), ("cover 1 ms", 0.0), ("calls 1 ms", 1e-3), ("harness 2 ms", 2e-3),
-         ("harness 2 ms + cover", 2e-3), ("writes 2 ms + cover", 2e-3)]
+WARMS = ["flush only", "cover", "calls 1 ms + flush only", "calls 1 ms + cover"]
 
 
-def idle_study(rl, timer, torch) -> None:
+def idle_study(timer, torch) -> None:
     clock = timer.clock
 
     def mhz() -> int:
@@ -77,7 +60,7 @@ def idle_study(rl, timer, torch) -> None:
     }
     print(f"top SM clock {clock.top if clock else None} MHz; cells: median / max us of device time (median host us "
           "of launching the call; SM clock before the warm-up)")
-    print("| kernel | idle | " + " | ".join(label for label, _ in WARMS) + " |")
+    print("| kernel | idle | " + " | ".join(WARMS) + " |")
     print("| --- | --- | " + "--- | " * len(WARMS))
     for name, (fn, make) in kernels.items():
         heat = make()
@@ -92,7 +75,7 @@ def idle_study(rl, timer, torch) -> None:
 
         for idle_ms in (0, 10, 50):
             cells = []
-            for label, seconds in WARMS:
+            for label in WARMS:
                 us, clocks = [], []
                 launch.clear()
                 for _ in range(10):
@@ -100,14 +83,14 @@ def idle_study(rl, timer, torch) -> None:
                     timer.sync()
                     time.sleep(idle_ms / 1e3)
                     clocks.append(mhz())
-                    warm_up(rl, timer, label, seconds, fn, heat)
+                    warm_up(timer, label, fn, heat)
                     us.append(timer.time(launched, args)[1])
                 cells.append(f"{statistics.median(us):.1f} / {max(us):.0f} ({statistics.median(launch):.0f}; "
                              f"{statistics.median(clocks):.0f})")
             print(f"| {name} | {idle_ms} ms | " + " | ".join(cells) + " |", flush=True)
 
 
-def limited_study(rl, timer, torch) -> None:
+def limited_study(timer, torch) -> None:
     import triton.testing
 
     g = torch.Generator(device="cuda").manual_seed(2)
@@ -116,7 +99,6 @@ def limited_study(rl, timer, torch) -> None:
         return tuple(torch.randn(8192, 8192, generator=g, device="cuda").to(torch.bfloat16) for _ in range(2))
 
     fn, heat = torch.matmul, make()
-    timer.cover_cycles = 0
     timer.heat(fn, heat, first=True)
     under_load = []
     for _ in range(20):  # ~30 ms of calls queued, the clock read while they run, then after a synchronize
@@ -127,16 +109,16 @@ def limited_study(rl, timer, torch) -> None:
     timer.sync()
     print(f"\n8192^3 bf16 matmul: heat says power-limited {timer.limited}; NVML under load says limited "
           f"{under_load}, after a synchronize {timer.clock.limited()}; 30 timed calls per row, fillers before the inputs")
-    print("| wake-up before each timed call | mean us | median us | std us |")
+    print("| before each timed call | mean us | median us | std us |")
     print("| --- | --- | --- | --- |")
-    for label, seconds in [("none", 0.0), ("cover", 0.0), ("harness 2 ms + cover", 2e-3), ("calls 2 ms", 2e-3)] * 2:
+    for label in ["flush only", "cover", "calls 1 ms + cover"] * 2:
         us, gap_s = [], 0.0
         for k in range(30):
             if k:
                 timer.fill(fn, heat, gap_s, us[-1])
             t0 = timer.perf()
             args = make()
-            warm_up(rl, timer, label, seconds, fn, heat)
+            warm_up(timer, label, fn, heat)
             us.append(timer.time(fn, args)[1])
             del args
             gap_s = max(0.0, timer.perf() - t0 - us[-1] * 1e-6)
@@ -171,6 +153,8 @@ if __name__ == "__main__":
 
     rl.load_torch()
     timer = rl.Timer("cuda")
-    idle_study(rl, timer, rl.torch)
-    limited_study(rl, timer, rl.torch)
+    print(f"launch cover: {timer.cover_kind}")
+    timer.launch_cover = timer.cover
+    idle_study(timer, rl.torch)
+    limited_study(timer, rl.torch)
     evaluations()
