@@ -327,6 +327,7 @@ class Timer:
             self.sync = torch.cuda.synchronize
             self.runtime = CudaRuntime()  # first: it sets how the host waits, before the context exists
             self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+            self.clock = SmClock(self.runtime.pci_bus_id())
             self.cover, self.cover_kind = launch_cover(self.flush)
         else:
             self.sync = lambda: None
@@ -334,27 +335,28 @@ class Timer:
             self.runtime = None
             self.cover, self.cover_kind = None, "none (CPU)"
 
-
     def time(self, fn, args) -> tuple:
-        """(output, device us, escaped us, host us) of one call, behind the launch cover, which ends with the L2
-        flushed (256 MB written; see COVER_S).
+        """(output, device us, tail us, probe us, host us) of one call, behind the launch cover, which ends with the
+        L2 flushed (256 MB written; see COVER_S).
 
-        Escaped: how much longer the device stayed busy after the call's end event than it takes this process, right
-        now, to see an idle device (a probe just before the call). Work the call left on another stream shows here.
-        Both figures come from this process at this moment, so host speed cancels out; a tail measured elsewhere
-        (the reference's, in the judge) differed by tens of us between processes on the H200. Measured on the H200:
-        31 us of side-stream work behind a 1.3 us call read 31-32 us here. A probe taken after busy work of its own
-        read it 15-30 us short (host wake-up after a wait differs from this idle one), so the probe stays idle, and
-        the host spins instead of yielding while it waits (see CudaRuntime), which keeps wake-ups short.
+        Tail: how long the device stayed busy after the call's end event, as this process sees it; probe: how long it
+        takes this process, right now, to see an idle device (the shorter of two probes just before the call). Tail
+        minus probe is work the call left on another stream. Both figures come from this process at this moment, so
+        host speed mostly cancels out; a tail measured elsewhere (the reference's, in the judge) differed by tens of
+        us between processes on the H200. Measured on the H200: 31 us of side-stream work behind a 1.3 us call read
+        31-32 us here. A probe taken after busy work of its own read it 15-30 us short (host wake-up after a wait
+        differs from this idle one), so the probe stays idle, and the host spins instead of yielding while it waits
+        (see CudaRuntime), which keeps wake-ups short. A single probe by a host that had just waited read ~11 us
+        long (session 7); the second of two is warmer.
         """
         if not self.cuda:
             t0 = self.perf()
             out = fn(*args)
             us = (self.perf() - t0) * 1e6
-            return out, us, 0.0, us
+            return out, us, 0.0, 0.0, us
         if self.runtime is not None:
             self.runtime.reset_persisting_l2()
-        probe = self.idle_gap_us()
+        probe = min(self.idle_gap_us(), self.idle_gap_us())
         start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
         self.cover()  # holds the GPU while the call is launched, then flushes the L2 (see COVER_S)
         h0 = self.perf()
@@ -365,7 +367,7 @@ class Timer:
         h1 = self.perf()
         self.record(idle)
         self.event_sync(idle)
-        return out, self.elapsed(start, end) * 1e3, self.elapsed(end, idle) * 1e3 - probe, (h1 - h0) * 1e6
+        return out, self.elapsed(start, end) * 1e3, self.elapsed(end, idle) * 1e3, probe, (h1 - h0) * 1e6
 
     def back_to_back(self, fn, args, seconds: float, min_calls: int = 1, while_busy=None) -> None:
         """Untimed calls as ``do_bench`` makes them: flush, call, flush, call, ... with no synchronize between, so the
@@ -437,7 +439,7 @@ class Timer:
 
 def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> list[tuple]:
     """Time ``count`` calls one after another, each on inputs ``next_call(k)`` generates just before it (returning
-    (fn, args)): [(snapshot of the output, device us, escaped us, host us)]; ``seen(snapshot)``, if given, right
+    (fn, args)): [(snapshot of the output, device us, tail us, probe us, host us)] (see ``Timer.time``); ``seen(snapshot)``, if given, right
     after each snapshot. ``filler``: (fn, args) of the caller's heat, called back to back between timed calls
     (``Timer.fill``). The reference (in the judge) and the candidate (here) both go through it.
 
@@ -458,13 +460,13 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> 
             timer.fill(*filler, gap_s, done[-1][1])
         t0 = timer.perf()
         fn, args = next_call(k)
-        out, us, escaped, host = timer.time(fn, args)
+        out, *times = timer.time(fn, args)
         del fn, args
-        done.append((snapshot(out, timer.sync), us, escaped, host))
+        done.append((snapshot(out, timer.sync), *times))
         del out
         if seen is not None:
             seen(done[-1][0])
-        gap_s = max(0.0, timer.perf() - t0 - us * 1e-6)
+        gap_s = max(0.0, timer.perf() - t0 - times[0] * 1e-6)  # times[0]: the call's device time
     return done
 
 

@@ -529,7 +529,7 @@ class Judge:
                 done = rl.timed_burst(self.timer, self.burst_size(first, call_bytes, call_s),
                                       lambda k: call(first + k),  # noqa: B023 (called before the next iteration)
                                       filler=(f, a))
-                times += [us for _, us, _, _ in done]
+                times += [us for _, us, *_ in done]
                 del done
         return {"mean_us": statistics.fmean(times), "runs": len(times)}
 
@@ -564,11 +564,11 @@ class Judge:
             _, timed, prints, flags, untimed = reply
             self.check_flags(flags, where)
             if not (isinstance(timed, list) and isinstance(prints, list) and len(timed) == len(prints) == len(seeds)
-                    and all(isinstance(t, (list, tuple)) and len(t) == 3 and all(
+                    and all(isinstance(t, (list, tuple)) and len(t) == 4 and all(
                         isinstance(v, float) and math.isfinite(v) and v >= -1e6 for v in t) for t in timed)
                     and (untimed is None or isinstance(untimed, float) and math.isfinite(untimed))):
                 raise Failure("suspicious", f"{where}: the candidate's process sent timings that are not "
-                              f"{len(seeds)} triples of finite numbers")
+                              f"{len(seeds)} sets of 4 finite numbers (device, tail, probe, host)")
             # Against the fastest timed call: a timed call slowed by the GPU (a clock state, another process) must
             # not make an honest candidate suspicious.
             fastest = min(t[0] for t in timed)
@@ -577,12 +577,12 @@ class Judge:
                               f"calls) took {untimed:.1f} us, the fastest timed call on fresh inputs "
                               f"{fastest:.1f} us: "
                               "the candidate does less work when it sees inputs again (cached results?)")
-            for us, escaped, host_us in timed:
+            for us, tail, probe, host_us in timed:
                 if us < 0 or us > host_us * 1.05 + 50:
                     raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) is negative or exceeds the "
                                   f"host time around the call ({host_us:.0f} us): the timer was tampered with")
                 times.append(us)
-                escapes.append(escaped)
+                escapes.append((tail - probe, tail))
             last = rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs)
             # Which outputs get re-checked is chosen now, after the burst: the candidate cannot tell which.
             chosen = [i for i in range(len(seeds)) if (first == 0 and i == 0) or (last and i == len(seeds) - 1)
@@ -604,9 +604,11 @@ class Judge:
                 break
         # Work left running on another stream finishes after the call's end event. When the device stays busy
         # clearly longer than the process needs to see an idle device, that work counts as the call's.
-        extra_us = statistics.median(escapes)
+        extra_us = statistics.median(e for e, _ in escapes)
         if extra_us > max(ESCAPE_SLACK_US, 0.2 * statistics.median(times)):
-            times = [t + max(0.0, e) for t, e in zip(times, escapes)]
+            # The whole tail, the probe not taken off: once a workload has left work running, the doubt is on its
+            # side (a probe can read long: stream_switch's 32 us of side-stream work was charged 21 us, session 7).
+            times = [t + tail for t, (_, tail) in zip(times, escapes)]
             notes.append(f"{name}: the device stayed busy {extra_us:.0f} us after the call ended on its stream "
                          "(work on another stream?); timed until the whole device was idle")
         return times, notes

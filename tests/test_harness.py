@@ -413,7 +413,7 @@ def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_bef
     timer.sync = lambda: log.append("sync")
     timer.elapsed = lambda a, b: 0.01
     timer.time(lambda: log.append("call"), ())
-    assert log[:4] == ["probe", "cover", "call", "sync"]
+    assert log[:5] == ["probe", "probe", "cover", "call", "sync"]  # the shorter of two probes (Timer.time)
 
     class Burst:  # stands in for the Timer in timed_burst
         perf = staticmethod(lambda: 1.0)
@@ -424,7 +424,7 @@ def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_bef
 
         def time(self, fn, args):
             log.append("time")
-            return None, 5.0, 0.0, 6.0
+            return None, 5.0, 0.0, 0.0, 6.0
 
     def next_call(k):
         log.append(f"inputs {k}")
@@ -435,11 +435,12 @@ def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_bef
     assert log == ["inputs 0", "time", "fill", "inputs 1", "time", "fill", "inputs 2", "time"]
 
 
-def test_the_launch_cover_holds_every_sm_of_a_hopper_gpu(tmp_path):
-    """The launch cover (ksearch_graph/_launch_cover.py), compiled here for sm_90 without a GPU: it reads the GPU's
-    nanosecond timer, and uses few enough registers and no shared memory that two of its 1024-thread blocks fill an
-    SM's 2048 thread slots, so no other kernel can place a block beside it while it holds (what keeps work on another
-    stream from running before the start event: tests/cheats/overlap_cover.py, on a GPU)."""
+def test_the_launch_cover_fills_every_sm_of_hopper_and_ada_gpus(tmp_path):
+    """The launch cover (ksearch_graph/_launch_cover.py), compiled here for sm_90 without a GPU, with the argument
+    types it runs with: it reads the GPU's nanosecond timer, uses no shared memory and few enough registers that its
+    blocks fill every thread slot of an SM of 2048 threads (Hopper) or 1536 (Ada), so no other kernel can place a
+    block beside it while it holds (what keeps work on another stream from starting before the timed call's start
+    event: tests/cheats/overlap_cover.py, and the GPU test below)."""
     import re
 
     import triton
@@ -448,8 +449,8 @@ def test_the_launch_cover_holds_every_sm_of_a_hopper_gpu(tmp_path):
 
     from ksearch_graph import _launch_cover as cover
 
-    source = ASTSource(fn=cover._hold_then_flush, constexprs={"BLOCK": cover.BLOCK},
-                       signature={"words": "*i64", "n": "i64", "per_block": "i64", "hold_ns": "i64",
+    source = ASTSource(fn=cover._flush_then_hold, constexprs={"BLOCK": cover.BLOCK},
+                       signature={"words": "*i64", "n": "i32", "per_block": "i32", "hold_ns": "i32",
                                   "BLOCK": "constexpr"})
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cover.THREADS // 32})
     assert "%globaltimer" in kernel.asm["ptx"]
@@ -458,7 +459,35 @@ def test_the_launch_cover_holds_every_sm_of_a_hopper_gpu(tmp_path):
     usage = subprocess.run([str(tool), "--dump-resource-usage", str(tmp_path / "cover.cubin")], capture_output=True,
                            text=True, check=True).stdout
     regs, shared = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "SHARED"))
-    assert regs * 2048 <= 65536 and shared == 0, usage  # Hopper: 64K registers and 2048 threads per SM
+    assert regs * 2048 <= 65536 and shared == 0, usage  # 64K registers per SM on both
+    assert 2048 % cover.THREADS == 0 and 1536 % cover.THREADS == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_the_launch_cover_holds_the_gpu_then_leaves_the_l2_flushed():
+    """On a GPU: the Timer got the Triton cover, not the fallback; it lasts COVER_S; a kernel launched on a
+    high-priority stream while it holds ends after it; and it zeroes the whole flush buffer."""
+    from ksearch_graph import _candidate_runner as rl
+
+    rl.load_torch()
+    timer = rl.Timer("cuda")
+    assert timer.cover_kind == "every SM held", timer.cover_kind
+    timer.flush.fill_(1)
+    x = torch.ones(1 << 20, device="cuda")
+    side = torch.cuda.Stream(priority=-1)
+    torch.cuda.synchronize()
+    before, after, beside = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    before.record()
+    timer.cover()
+    after.record()
+    with torch.cuda.stream(side):
+        x.mul_(2)
+        beside.record(side)
+    torch.cuda.synchronize()
+    assert before.elapsed_time(after) >= rl.COVER_S * 1e3 * 0.95
+    assert after.elapsed_time(beside) >= 0, "a kernel on another stream finished while the cover held the GPU"
+    assert int(timer.flush.count_nonzero()) == 0
 
 
 def test_an_exit_during_timing_is_reported_with_the_candidates_traceback(tmp_path):
