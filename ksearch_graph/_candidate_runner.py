@@ -41,7 +41,8 @@ MIN_RUNS_GPU = 10  # three steady samples can all come from one clock state (see
 # they slowed down (LOAD_SLOWDOWN), the kernel is power-limited: the heat lasts at least HEAT_MIN_S (FIRST_HEAT_MIN_S
 # for a process's first, from a possibly cool GPU), and between timed calls more untimed calls keep the candidate's
 # calls at FILL_DUTY of the time (input generation, checks and copies fill the rest, and draw less power), at most
-# FILL_MAX x the timed call's time. Other kernels run at top clocks either way and get neither. A later burst of a workload gets HEAT_S.
+# FILL_MAX x the timed call's time. Other kernels run at top clocks either way and get neither. A later burst of a
+# workload gets HEAT_S.
 HEAT_S, HEAT_WINDOW_S, HEAT_MIN_S, FIRST_HEAT_MIN_S, HEAT_MAX_S = 0.02, 0.025, 0.2, 0.3, 0.5
 UNLIMITED_HEAT_WINDOWS = 2, 4  # windows before a heat may call a kernel not power-limited (later, process's first)
 CLOCK_LIMITED = 0.97
@@ -439,15 +440,16 @@ class Timer:
 
 def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> list[tuple]:
     """Time ``count`` calls one after another, each on inputs ``next_call(k)`` generates just before it (returning
-    (fn, args)): [(snapshot of the output, device us, tail us, probe us, host us)] (see ``Timer.time``); ``seen(snapshot)``, if given, right
-    after each snapshot. ``filler``: (fn, args) of the caller's heat, called back to back between timed calls
-    (``Timer.fill``). The reference (in the judge) and the candidate (here) both go through it.
+    (fn, args)): [(snapshot of the output, device us, tail us, probe us, host us)] (see ``Timer.time``);
+    ``seen(snapshot)``, if given, right after each snapshot. ``filler``: (fn, args) of the caller's heat, called
+    back to back between timed calls (``Timer.fill``). The reference (in the judge) and the candidate (here) both go
+    through it.
 
     After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only filler calls,
-    its input generation, the L2 flush, a device-wide synchronize and an output copy in between, as FlashInfer-Bench
-    (a synchronize and a copy of the inputs between calls) and GPU MODE (fresh inputs between calls) time. The inputs
-    of a call do not exist before the previous call has finished: a candidate that found them earlier could work
-    ahead on them (tests/cheats/work_ahead.py).
+    its input generation, the launch cover (with the L2 flush), a device-wide synchronize and an output copy in
+    between, as FlashInfer-Bench (a synchronize and a copy of the inputs between calls) and GPU MODE (fresh inputs
+    between calls) time. The inputs of a call do not exist before the previous call has finished: a candidate that
+    found them earlier could work ahead on them (tests/cheats/work_ahead.py).
 
     Why the fillers: without them the calls filled 61% of the time for an 8192^3 bf16 matmul on an H200 (input
     generation and checks the rest), which kept it below the power limit: it read 1.39-1.43 ms against 1.56-1.61 ms
