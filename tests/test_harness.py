@@ -435,32 +435,43 @@ def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_bef
     assert log == ["inputs 0", "time", "fill", "inputs 1", "time", "fill", "inputs 2", "time"]
 
 
+COMPILE_THE_COVER = """
+import json, re, subprocess, sys
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ksearch_graph import _launch_cover as cover
+
+source = ASTSource(fn=cover._flush_then_hold, constexprs={"BLOCK": cover.BLOCK},
+                   signature={"words": "*i64", "n": "i32", "per_block": "i32", "hold_ns": "i32", "BLOCK": "constexpr"})
+kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cover.THREADS // 32})
+cubin = Path(sys.argv[1]) / "cover.cubin"
+cubin.write_bytes(kernel.asm["cubin"])
+tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+usage = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
+                       check=True).stdout
+print(json.dumps({"timer": "%globaltimer" in kernel.asm["ptx"], "threads": cover.THREADS, "usage": usage,
+                  **{key: int(re.search(key + r":(\\d+)", usage).group(1)) for key in ("REG", "SHARED")}}))
+"""
+
+
 def test_the_launch_cover_fills_every_sm_of_hopper_and_ada_gpus(tmp_path):
-    """The launch cover (ksearch_graph/_launch_cover.py), compiled here for sm_90 without a GPU, with the argument
-    types it runs with: it reads the GPU's nanosecond timer, uses no shared memory and few enough registers that its
-    blocks fill every thread slot of an SM of 2048 threads (Hopper) or 1536 (Ada), so no other kernel can place a
-    block beside it while it holds (what keeps work on another stream from starting before the timed call's start
-    event: tests/cheats/overlap_cover.py, and the GPU test below)."""
-    import re
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from ksearch_graph import _launch_cover as cover
-
-    source = ASTSource(fn=cover._flush_then_hold, constexprs={"BLOCK": cover.BLOCK},
-                       signature={"words": "*i64", "n": "i32", "per_block": "i32", "hold_ns": "i32",
-                                  "BLOCK": "constexpr"})
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cover.THREADS // 32})
-    assert "%globaltimer" in kernel.asm["ptx"]
-    (tmp_path / "cover.cubin").write_bytes(kernel.asm["cubin"])
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    usage = subprocess.run([str(tool), "--dump-resource-usage", str(tmp_path / "cover.cubin")], capture_output=True,
-                           text=True, check=True).stdout
-    regs, shared = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "SHARED"))
-    assert regs * 2048 <= 65536 and shared == 0, usage  # 64K registers per SM on both
-    assert 2048 % cover.THREADS == 0 and 1536 % cover.THREADS == 0
+    """The launch cover (ksearch_graph/_launch_cover.py), compiled for sm_90 without a GPU, with the argument types it
+    runs with: it reads the GPU's nanosecond timer, uses no shared memory and few enough registers that its blocks
+    fill every thread slot of an SM of 2048 threads (Hopper) or 1536 (Ada), so no other kernel can place a block
+    beside it while it holds (what keeps work on another stream from starting before the timed call's start event:
+    tests/cheats/overlap_cover.py, and the GPU test below). In a child process: compiling for a GPU here would leave
+    Triton's state unfit for the interpreter the task tests use."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_THE_COVER, str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["timer"] and got["SHARED"] == 0 and got["REG"] * 2048 <= 65536, got["usage"]  # 64K registers per SM
+    assert 2048 % got["threads"] == 0 and 1536 % got["threads"] == 0
 
 
 @pytest.mark.gpu
