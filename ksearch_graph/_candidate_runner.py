@@ -54,9 +54,9 @@ FILL_DUTY = 0.85
 FILL_MAX = 8.0  # 1.5 held an 8192^3 bf16 matmul near 75% of the time on an H200: 6.3% faster than do_bench
 # A host that has waited (on the judge's pipe, or asleep) or made inputs on the CPU takes 130-230 us to launch the next
 # call instead of ~40 (an H200 host, session 7), and the device idles between the start event and the call's kernels
-# meanwhile: a 32 us matmul read 96-190 us. So before each timed call a kernel that holds every SM for COVER_S and
-# then flushes the L2 runs on the timed stream, and the host launches the call behind it (_launch_cover.py, which
-# also says why it fills every SM). Back-to-back use hides launches the same way.
+# meanwhile: a 32 us matmul read 96-190 us. So before each timed call a kernel that flushes the L2 and then holds
+# every SM until COVER_S after it started runs on the timed stream, and the host launches the call behind it
+# (_launch_cover.py, which also says why it fills every SM). Back-to-back use hides launches the same way.
 COVER_S = 0.5e-3
 UNTIMED_RATIO = 0.5  # untimed calls faster than this share of the timed ones: the candidate tells them apart (a cache)
 TARGET_RSE = 0.01  # stop timing once the relative standard error of the mean is below 1%
@@ -337,8 +337,8 @@ class Timer:
             self.cover, self.cover_kind = None, "none (CPU)"
 
     def time(self, fn, args) -> tuple:
-        """(output, device us, tail us, probe us, host us) of one call, behind the launch cover, which ends with the
-        L2 flushed (256 MB written; see COVER_S).
+        """(output, device us, tail us, probe us, host us) of one call, behind the launch cover, which flushes the L2
+        (256 MB written) and then holds the GPU (see COVER_S).
 
         Tail: how long the device stayed busy after the call's end event, as this process sees it; probe: how long it
         takes this process, right now, to see an idle device (the shorter of two probes just before the call). Tail
@@ -359,7 +359,7 @@ class Timer:
             self.runtime.reset_persisting_l2()
         probe = min(self.idle_gap_us(), self.idle_gap_us())
         start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
-        self.cover()  # holds the GPU while the call is launched, then flushes the L2 (see COVER_S)
+        self.cover()  # flushes the L2, then holds the GPU while the call is launched (see COVER_S)
         h0 = self.perf()
         self.record(start)
         out = fn(*args)

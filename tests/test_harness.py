@@ -398,8 +398,8 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
 
 
 def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_before_the_next_inputs_exist():
-    """The order that keeps the checks sound: the idle-device probe, then the launch cover (which ends with the L2
-    flush), then the call; untimed calls of the candidate (fillers) before the next call's inputs are made, so its
+    """The order that keeps the checks sound: the idle-device probe, then the launch cover (the L2 flush, then the
+    hold), then the call; untimed calls of the candidate (fillers) before the next call's inputs are made, so its
     code never runs while they exist (tests/cheats/work_ahead.py). Fake CUDA calls and a fake burst log the order."""
     from ksearch_graph import _candidate_runner as rl
 
