@@ -26,10 +26,10 @@ Order of work:
    Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
 3. Timing of the timed workloads, holding the GPU's timing lock, in bursts (``rl.timed_burst``): every timed call
    on an input set generated just before it, under sustained load (a heat of the same calls before, untimed calls
-   between for power-limited workloads: see rl.FILL_DUTY; behind a launch cover: rl.COVER_S),
-   L2 flushed, events plus a device-wide synchronize, its output copied and fingerprinted at once. After each burst
-   the judge picks which calls to re-check against the reference (the first and last timed call, and a random fifth
-   of the others): the candidate cannot tell which.
+   between for power-limited workloads: see rl.FILL_DUTY), behind a launch cover that flushes the L2 (rl.COVER_S),
+   events plus a device-wide synchronize, its output copied and fingerprinted at once. After each burst the judge
+   picks which calls to re-check against the reference (the first and last timed call, and a random fifth of the
+   others): the candidate cannot tell which.
 """
 
 from __future__ import annotations

@@ -61,8 +61,7 @@ class LaunchCover:
         self.per_block = -(-self.n // (self.blocks * BLOCK)) * BLOCK
         self.hold_ns = int(hold_s * 1e9)
         self.kernel = _flush_then_hold[(self.blocks,)]
-        compiled = self.kernel(self.words, self.n, self.per_block, self.hold_ns, BLOCK=BLOCK,
-                               num_warps=THREADS // 32)
+        compiled = self()
         torch.cuda.synchronize()  # a fault in the first run surfaces here, not in a timed call
         regs = getattr(compiled, "n_regs", 0) or 0
         register_file = getattr(props, "regs_per_multiprocessor", 65536)
@@ -71,5 +70,6 @@ class LaunchCover:
             raise RuntimeError(f"its blocks do not fill an SM ({regs} registers x {threads} threads, register file "
                                f"{register_file}, {THREADS}-thread blocks)")
 
-    def __call__(self) -> None:
-        self.kernel(self.words, self.n, self.per_block, self.hold_ns, BLOCK=BLOCK, num_warps=THREADS // 32)
+    def __call__(self):
+        """Enqueue it; Triton returns the compiled kernel (its registers are checked after the first run)."""
+        return self.kernel(self.words, self.n, self.per_block, self.hold_ns, BLOCK=BLOCK, num_warps=THREADS // 32)
