@@ -1,0 +1,144 @@
+"""How fast a kernel's own sustained load pulls the GPU below its top clock, and what NVML shows meanwhile.
+
+    python tools/diagnose_power_limit.py      # on the GPU host, from the repository root (~30 s)
+
+Session 7-8 found the heat calling an 8192^3 bf16 matmul "not limited": NVML read the top SM clock during the heat's
+50-100 ms, while ``triton.testing.do_bench`` (300 ms of calls) read it 7-10% slower than the harness. This prints,
+per workload, 0.8 s of do_bench-style calls (flush, call, no synchronize) from a GPU that idled 1 s first, in 50 ms
+slices: the mean call time, NVML's instantaneous and 1 s-averaged power against the enforced limit, how old the
+instantaneous reading was, the SM clock and the clock-event reasons (0x4: software power cap; 0x1: idle). Then the
+harness's pattern: its heat (how long, and whether it calls the workload power-limited) and a burst of 30 timed
+calls with fillers where limited, and the power they draw.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+POWER_AVERAGE, POWER_INSTANT = 185, 186  # NVML_FI_DEV_POWER_AVERAGE / _INSTANT (mW)
+
+
+class Nvml:
+    """The runner's PowerGauge, plus NVML's 1 s-averaged power and the age of each power reading."""
+
+    def __init__(self, gauge):
+        self.gauge, self.lib, self.handle, self.top = gauge, gauge.lib, gauge.handle, gauge.top
+        self.limit_w = gauge.limit_mw / 1e3
+
+    def sample(self) -> dict:
+        from ksearch_graph._candidate_runner import NvmlField
+
+        fields = (NvmlField * 2)()
+        fields[0].fieldId, fields[1].fieldId = POWER_INSTANT, POWER_AVERAGE
+        self.lib.nvmlDeviceGetFieldValues(self.handle, 2, fields)
+        now = time.time()
+        usage, mhz, reasons = ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_ulonglong(0)
+        self.lib.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(usage))
+        self.lib.nvmlDeviceGetClockInfo(self.handle, 1, ctypes.byref(mhz))
+        if self.gauge.reasons is not None:
+            self.gauge.reasons(self.handle, ctypes.byref(reasons))
+        return {"t": time.perf_counter(),
+                "instant_w": fields[0].value / 1e3 if fields[0].nvmlReturn == 0 else None,
+                "age_ms": (now - fields[0].timestamp / 1e6) * 1e3 if fields[0].nvmlReturn == 0 else None,
+                "average_w": fields[1].value / 1e3 if fields[1].nvmlReturn == 0 else None,
+                "usage_w": usage.value / 1e3, "mhz": mhz.value, "reasons": reasons.value}
+
+
+def fmt(x, spec="6.0f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def back_to_back(timer, nvml, fn, args, seconds: float):
+    """do_bench's pattern (flush, call, ... at most two calls ahead), NVML sampled after each call's end."""
+    import torch
+
+    pairs, samples, t0 = [], [], time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        start, end = timer.Event(enable_timing=True), timer.Event(enable_timing=True)
+        timer.zero_(timer.flush)
+        start.record()
+        fn(*args)
+        end.record()
+        pairs.append((start, end, time.perf_counter() - t0))
+        if len(pairs) > 2:
+            pairs[-3][1].synchronize()
+            samples.append(nvml.sample() | {"t": time.perf_counter() - t0})
+    torch.cuda.synchronize()
+    return [(t, a.elapsed_time(b) * 1e3) for a, b, t in pairs], samples
+
+
+def slices(calls, samples, width_s: float, seconds: float) -> list[dict]:
+    rows = []
+    for k in range(int(seconds / width_s)):
+        lo, hi = k * width_s, (k + 1) * width_s
+        us = [u for t, u in calls if lo <= t < hi]
+        ss = [s for s in samples if lo <= s["t"] < hi]
+        if not us or not ss:
+            continue
+        inst = [s["instant_w"] for s in ss if s["instant_w"] is not None]
+        reasons = 0
+        for s in ss:
+            reasons |= s["reasons"]
+        ages = [s["age_ms"] for s in ss if s["age_ms"] is not None]
+        rows.append({"ms": hi * 1e3, "call_us": sum(us) / len(us), "n": len(us), "age_max": max(ages, default=None),
+                     "instant_max": max(inst, default=None),
+                     "instant_mean": sum(inst) / len(inst) if inst else None,
+                     "average": ss[-1]["average_w"], "usage": ss[-1]["usage_w"],
+                     "mhz_min": min(s["mhz"] for s in ss), "reasons": reasons})
+    return rows
+
+
+def main() -> None:
+    from ksearch_graph import _candidate_runner as rl
+
+    rl.load_torch()
+    import torch
+
+    timer = rl.Timer("cuda")
+    nvml = Nvml(timer.clock)
+    print(f"{torch.cuda.get_device_name()}, top SM clock {nvml.top} MHz, enforced power limit {nvml.limit_w:.0f} W")
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def mm(n):
+        return torch.matmul, tuple(torch.randn(n, n, generator=g, device="cuda", dtype=torch.bfloat16)
+                                   for _ in range(2))
+
+    workloads = {"mm-bf16-3072": mm(3072), "mm-bf16-4096": mm(4096), "mm-bf16-8192": mm(8192),
+                 "scale-fp32-256M": (torch.mul, (torch.randn(1 << 28, generator=g, device="cuda"), 1.5))}
+    for name, (fn, args) in workloads.items():
+        fn(*args)
+        torch.cuda.synchronize()
+        time.sleep(1.0)
+        idle = nvml.sample()
+        calls, samples = back_to_back(timer, nvml, fn, args, 0.8)
+        print(f"\n## {name}: back to back after 1 s idle (idle: {fmt(idle['instant_w'])} W instant, "
+              f"{idle['mhz']} MHz, reasons {idle['reasons']:#x})")
+        print("| until ms | calls | call us | instant W mean / max | reading age max ms | 1 s avg W | usage W | "
+              "min MHz | reasons |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in slices(calls, samples, 0.05, 0.8):
+            print(f"| {r['ms']:.0f} | {r['n']} | {r['call_us']:.1f} | {fmt(r['instant_mean'])} / "
+                  f"{fmt(r['instant_max'])} | {fmt(r['age_max'])} | {fmt(r['average'])} | {fmt(r['usage'])} | "
+                  f"{r['mhz_min']} | {r['reasons']:#x} |")
+        # The harness's pattern: its heat (which decides whether fillers run), then a burst of timed calls.
+        time.sleep(0.3)
+        t0 = time.perf_counter()
+        timer.heat(fn, args, first=True)
+        heat_ms = (time.perf_counter() - t0) * 1e3
+        watts = []
+        done = rl.timed_burst(timer, 30, lambda k: (fn, args), seen=lambda _: watts.append(
+            nvml.sample()["instant_w"] or 0.0), filler=(fn, args))
+        us = sorted(d[1] for d in done)
+        print(f"harness: heat {heat_ms:.0f} ms says limited {timer.limited}; 30 timed calls median "
+              f"{us[len(us) // 2]:.1f} us (min {us[0]:.1f}, max {us[-1]:.1f}); instant power after them mean "
+              f"{sum(watts) / len(watts):.0f} W, max {max(watts):.0f} W")
+
+
+if __name__ == "__main__":
+    main()
