@@ -33,22 +33,28 @@ torch = None  # imported by load_torch(), after the network namespace is gone
 MIN_RUNS, MAX_RUNS = 3, 100
 MIN_RUNS_GPU = 10  # three steady samples can all come from one clock state (seen on the H200: 157 vs 133 us)
 # Timed calls are measured as under sustained load, the state ``triton.testing.do_bench`` and a serving loop measure
-# in. A kernel that drives an H200 to its 700 W limit runs at lower clocks under its own load (an 8192^3 bf16 matmul:
-# 1.37-1.40 ms for the first 50 ms, 1.59 ms after 0.3 s; SM clock 1455-1605 MHz instead of 1980), and recovers
-# within ~50 ms of lighter work (BENCHMARKS.md, session 5). Before a workload's first burst of timed calls, the
-# candidate's own calls run back to back on other inputs (a heat, HEAT_WINDOW_S at a time, until a window is no
-# slower than the one before). When the GPU's SM clock reads below CLOCK_LIMITED of its top clock while they run, or
-# they slowed down (LOAD_SLOWDOWN), the kernel is power-limited: the heat lasts at least HEAT_MIN_S (FIRST_HEAT_MIN_S
-# for a process's first, from a possibly cool GPU), and between timed calls more untimed calls keep the candidate's
-# calls at FILL_DUTY of the time (input generation, checks and copies fill the rest, and draw less power), at most
-# FILL_MAX x the timed call's time. Other kernels run at top clocks either way and get neither. A later burst of a
-# workload gets HEAT_S.
+# in. A kernel that drives an H200 past its 700 W limit runs at lower clocks under its own load (an 8192^3 bf16
+# matmul: 1.44 ms for the first 50 ms, 1.59-1.63 ms from 150 ms on, SM clock 1500 MHz instead of 1980; a 4096^3:
+# 178 us, then 185-190 us at 1740-1815 MHz), and recovers within ~50 ms of lighter work (BENCHMARKS.md, sessions 5
+# and 8). Before a workload's first burst of timed calls, the candidate's own calls run back to back on other inputs
+# (a heat, HEAT_WINDOW_S at a time, until a window is no slower than the one before). The kernel is power-limited
+# when NVML's instantaneous power, read while they run and refreshed within the heat, is at POWER_LIMITED of the
+# enforced limit or more (PowerGauge; the clock and its reasons only where the driver has no power reading), or
+# when the calls slowed down (LOAD_SLOWDOWN). A heat that finds no limit goes on until such a power reading exists
+# (NVML refreshes it about every 100 ms on an H200: 100-250 ms); a limited one lasts at least HEAT_MIN_S
+# (FIRST_HEAT_MIN_S for a process's first, from a possibly cool GPU), and between timed calls more untimed calls
+# keep the candidate's calls at FILL_DUTY of the time (input generation, checks and copies fill the rest, and draw
+# less power), at most FILL_MAX x the timed call's time. Other kernels run at top clocks either way and get
+# neither. A later burst of a workload gets HEAT_S.
 HEAT_S, HEAT_WINDOW_S, HEAT_MIN_S, FIRST_HEAT_MIN_S, HEAT_MAX_S = 0.02, 0.025, 0.2, 0.3, 0.5
 UNLIMITED_HEAT_WINDOWS = 2, 4  # windows before a heat may call a kernel not power-limited (later, process's first)
 CLOCK_LIMITED = 0.97
+# 0.95: a 3072^3 bf16 matmul at 640-664 W (0.92-0.95) kept its top clock on an H200; a 4096^3 at 700-759 W
+# did not. Calling a kernel limited that is not costs fillers (time), never accuracy; the other way round it reads
+# fast.
+POWER_LIMITED = 0.95
 # Calls that slow down under their own load by more than LOAD_SLOWDOWN (the last heat window against the fastest
-# after the first) are limited too, whatever NVML says: in session 7 NVML read top clock, even while an 8192^3 bf16
-# matmul ran, which took 1.38 ms in timed calls and 1.58-1.63 ms in do_bench.
+# after the first) are limited too, whatever NVML says.
 LOAD_SLOWDOWN = 0.03
 FILL_DUTY = 0.85
 FILL_MAX = 8.0  # 1.5 held an 8192^3 bf16 matmul near 75% of the time on an H200: 6.3% faster than do_bench
@@ -255,32 +261,71 @@ class CudaRuntime:
             self.lib.cudaDeviceSetLimit(self.LIMIT_PERSISTING_L2, ctypes.c_size_t(self.default_persisting_l2))
 
 
-class SmClock:
-    """The GPU's current and top SM clock through NVML (the driver's libnvidia-ml, loaded by ctypes): whether a
-    kernel's sustained load holds the GPU below its top clock. ``limited()`` is None where NVML is not available."""
+class NvmlField(ctypes.Structure):
+    """nvmlFieldValue_t (nvml.h): one value of nvmlDeviceGetFieldValues, with the CPU time it was sampled at."""
+    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
+                ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int),
+                ("value", ctypes.c_ulonglong)]
 
-    SM = 1  # NVML_CLOCK_SM
+
+class PowerGauge:
+    """What NVML (the driver's libnvidia-ml, loaded by ctypes) says about the GPU's power limit: ``read()`` gives
+    whether the clock is held now (the SM clock below CLOCK_LIMITED of its top clock, or a clock-event reason that
+    says the power cap or a slowdown holds it: THROTTLED) and the instantaneous power; ``at_limit`` compares the
+    power with the enforced limit (POWER_LIMITED). ``Timer.heat`` decides which reading counts.
+
+    The power reading is what tells early: on an H200 (session 8) an 8192^3 bf16 matmul back to back read 792-872 W
+    of 700 while the clock was still at or near top; the cap then pulled the clock to 1500 MHz and the calls from
+    1.40-1.44 ms to 1.59-1.63 ms. A 3072^3 matmul read 640-664 W and kept its top clock; a 4096^3 read 700-759 W and
+    went to 1740-1875 MHz. The clock and its reasons lag: they still read the cap after the load had gone.
+    """
+
+    SM, POWER_INSTANT = 1, 186  # NVML_CLOCK_SM, NVML_FI_DEV_POWER_INSTANT (mW)
+    THROTTLED = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SW power cap, HW slowdown, SW/HW thermal, HW power brake
 
     def __init__(self, pci_bus_id: bytes | None):
-        self.lib = self.handle = None
-        self.top = 0
+        self.lib = self.handle = self.reasons = None
+        self.top = self.limit_mw = 0
         try:
             lib = ctypes.CDLL("libnvidia-ml.so.1")
-            handle, top = ctypes.c_void_p(), ctypes.c_uint(0)
+            handle, top, limit = ctypes.c_void_p(), ctypes.c_uint(0), ctypes.c_uint(0)
             if pci_bus_id and lib.nvmlInit_v2() == 0 \
                     and lib.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id, ctypes.byref(handle)) == 0 \
                     and lib.nvmlDeviceGetMaxClockInfo(handle, self.SM, ctypes.byref(top)) == 0 and top.value:
                 self.lib, self.handle, self.top = lib, handle, top.value
+                if lib.nvmlDeviceGetEnforcedPowerLimit(handle, ctypes.byref(limit)) == 0:
+                    self.limit_mw = limit.value
+                # Renamed from ...ThrottleReasons in driver 535; either reads the same bits.
+                self.reasons = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+                    lib, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
         except (OSError, AttributeError):
             pass
 
-    def limited(self) -> bool | None:
-        if self.lib is None:
+    @property
+    def available(self) -> bool:
+        return self.lib is not None
+
+    def power(self) -> float | None:
+        """Instantaneous power in W, or None where the driver has no such field (before r535) or no enforced limit
+        to compare it with. NVML refreshes it every 100-150 ms on an H200, and the timestamp it carries is when it was
+        asked for, not when it was measured (session 8): a fresh reading is one that changed."""
+        field = NvmlField(fieldId=self.POWER_INSTANT)
+        if not self.limit_mw or self.lib.nvmlDeviceGetFieldValues(self.handle, 1, ctypes.byref(field)) != 0 \
+                or field.nvmlReturn != 0:
             return None
-        now = ctypes.c_uint(0)
-        if self.lib.nvmlDeviceGetClockInfo(self.handle, self.SM, ctypes.byref(now)) != 0:
-            return None
-        return now.value < CLOCK_LIMITED * self.top
+        return field.value / 1e3
+
+    def read(self) -> tuple[bool, float | None]:
+        """(whether the clock is held now: below CLOCK_LIMITED of its top, or a THROTTLED reason; ``power()``)."""
+        now, reasons = ctypes.c_uint(0), ctypes.c_ulonglong(0)
+        held = self.lib.nvmlDeviceGetClockInfo(self.handle, self.SM, ctypes.byref(now)) == 0 \
+            and now.value < CLOCK_LIMITED * self.top
+        held = held or (self.reasons is not None and self.reasons(self.handle, ctypes.byref(reasons)) == 0
+                        and bool(reasons.value & self.THROTTLED))
+        return held, self.power()
+
+    def at_limit(self, watts: float) -> bool:
+        return watts * 1e3 >= POWER_LIMITED * self.limit_mw
 
 
 def launch_cover(flush) -> tuple:
@@ -328,7 +373,7 @@ class Timer:
             self.sync = torch.cuda.synchronize
             self.runtime = CudaRuntime()  # first: it sets how the host waits, before the context exists
             self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
-            self.clock = SmClock(self.runtime.pci_bus_id())
+            self.clock = PowerGauge(self.runtime.pci_bus_id())
             self.cover, self.cover_kind = launch_cover(self.flush)
         else:
             self.sync = lambda: None
@@ -401,22 +446,37 @@ class Timer:
             return
         least = (FIRST_HEAT_MIN_S, UNLIMITED_HEAT_WINDOWS[1]) if not self.heated else (
             HEAT_MIN_S, UNLIMITED_HEAT_WINDOWS[0])
-        windows, started, limited = [], self.perf(), False
+        gauge = self.clock if self.clock is not None and self.clock.available else None
+        windows, started = [], self.perf()
+        limited = seen = gauge is None  # without NVML: limited (the safe side)
+        # A power reading counts from the second time it changed since the heat began. NVML refreshes it about every
+        # 100 ms (H200), and the first refresh can cover time before the heat (the idle or the previous workload):
+        # a 4096^3 bf16 matmul read 490 W at its first refresh, 717 W at its second (session 8). The clock and its
+        # reasons lag the load they react to (an H200 still read the power cap 50 ms into a light workload's heat
+        # after an 8192^3 matmul's timing), so they count only where the driver has no power reading.
+        changes, last = 0, gauge.read()[1] if gauge is not None else None
         self.heated = True
         while self.cuda and self.perf() - started < HEAT_MAX_S:
-            done, clock = len(self.untimed_us), []
-            # The clock is read while calls still run: a GPU idle for a moment reads top clock again (session 7: an
+            done, now = len(self.untimed_us), []
+            # NVML is read while calls still run: a GPU idle for a moment reads top clock again (session 7: an
             # 8192^3 bf16 matmul at 1.39 ms against do_bench's 1.63 read as not limited after a synchronize).
-            self.back_to_back(fn, args, HEAT_WINDOW_S, while_busy=lambda: clock.append(
-                self.clock.limited() if self.clock is not None else None))
+            self.back_to_back(fn, args, HEAT_WINDOW_S, while_busy=None if gauge is None else lambda: now.append(
+                gauge.read()))
             windows.append(sum(self.untimed_us[done:]) / max(1, len(self.untimed_us) - done))
-            if len(windows) > 1:  # the first window's clock may still be ramping up from idle
-                limited = limited or clock[-1] is None or clock[-1]  # without NVML: as if limited (the safe side)
+            if now:
+                held, watts = now[-1]
+                if watts is None:  # no power reading: the clock, from the second window (the first may ramp up)
+                    limited, seen = limited or (held and len(windows) > 1), seen or len(windows) > 1
+                elif watts != last:
+                    changes, last = changes + 1, watts
+                    if changes >= 2:
+                        limited, seen = limited or gauge.at_limit(watts), True
+            if len(windows) > 1:
                 limited = limited or windows[-1] > min(windows[1:]) * (1 + LOAD_SLOWDOWN)
-            settled = self.perf() - started >= least[0] if limited else len(windows) >= least[1]
+            settled = self.perf() - started >= least[0] if limited else seen and len(windows) >= least[1]
             if settled and len(windows) > 1 and windows[-1] <= windows[-2] * 1.01:
                 break
-        self.limited = limited
+        self.limited = limited or not seen  # no fresh power reading within HEAT_MAX_S: the safe side
 
     def fill(self, fn, args, gap_s: float, call_us: float) -> None:
         """Between two timed calls of a power-limited workload, before the next one's inputs exist: enough untimed
@@ -609,7 +669,7 @@ class Runner:
         reference_module.reference = counted
 
     def flags(self) -> dict:
-        flags = {"reference_calls": self.reference_calls}
+        flags = {"reference_calls": self.reference_calls, "power_limited": bool(self.timer.cuda and self.timer.limited)}
         runtime = self.timer.runtime
         if runtime is not None:
             now = runtime.persisting_l2_bytes()

@@ -485,6 +485,7 @@ class Judge:
         self.measured = {}  # reference/baseline timings measured here, for the parent to reuse
         self.ref_timing, self.base_timing, self.reused = {}, {}, 0
         self.call_bytes = {}  # per workload: one input set and its output, for the size of timing bursts
+        self.power_limited = {}  # per workload: the candidate's heat found the GPU at its power limit
 
     def inputs(self, w: dict, seed: int):
         return self.ref.make_inputs(w["params"], seed, DEVICE)
@@ -563,6 +564,7 @@ class Judge:
                               f"{served} of {len(seeds)} input sets, not its timings")
             _, timed, prints, flags, untimed = reply
             self.check_flags(flags, where)
+            self.power_limited[name] = flags.get("power_limited") is True
             if not (isinstance(timed, list) and isinstance(prints, list) and len(timed) == len(prints) == len(seeds)
                     and all(isinstance(t, (list, tuple)) and len(t) == 4 and all(
                         isinstance(v, float) and math.isfinite(v) and v >= -1e6 for v in t) for t in timed)
@@ -742,6 +744,8 @@ class Judge:
                 results[name].update(latency_us=mean, median_us=statistics.median(times),
                                      std_us=statistics.stdev(times), runs=len(times), reference_us=ref_us,
                                      speedup=ref_us / mean)
+                if DEVICE == "cuda":
+                    results[name]["power_limited"] = self.power_limited.get(name, False)
                 if name in base_timing:
                     base_us = base_timing[name]["mean_us"]
                     results[name].update(baseline_us=base_us, speedup_vs_baseline=base_us / mean)

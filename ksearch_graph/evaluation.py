@@ -60,6 +60,9 @@ class WorkloadResult(BaseModel):
     baseline_us: float | None = None  # the task's baseline, timed the same way in the same evaluation
     speedup_vs_baseline: float | None = None  # baseline_us / latency_us
     timed: bool = True  # False: a correctness-only workload
+    # GPU only: the candidate's calls held the GPU at its power limit in their heat, so untimed calls kept it as
+    # loaded between timed calls as sustained use would (its clock is lower then; see _candidate_runner.FILL_DUTY).
+    power_limited: bool | None = None
 
 
 class EvalResult(BaseModel):

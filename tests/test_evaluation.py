@@ -82,6 +82,9 @@ def test_seed_solution_passes(task, results):
     for w in r.workloads:
         assert w.correct and w.runs >= 3 and w.latency_us > 0 and w.reference_us > 0
         assert w.speedup == pytest.approx(w.reference_us / w.latency_us)
+        # Whether the heat found the GPU at its power limit: a bool on a GPU (the softmax is memory-bound and light,
+        # far from an H200's 700 W), not asked on a CPU.
+        assert w.power_limited is (False if r.environment["device"] == "cuda" else None)
     assert r.score == pytest.approx(math.exp(sum(math.log(w.speedup) for w in r.workloads) / len(r.workloads)))
     assert r.score > 0 and r.compile_s > 0 and r.wall_s > r.compile_s
     # CPU (interpreter) timings only rank candidates; GPU timings are the real thing.

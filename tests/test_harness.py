@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -345,7 +346,7 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
     rl.load_torch()
     timer = rl.Timer("cpu")
     timer.cuda = True  # the rules below only run on a GPU
-    clock, script, asked, below_top = [0.0], [], [], [True]
+    clock, script, asked, below_top, nvml = [0.0], [], [], [True], SimpleNamespace(available=True)
 
     def back_to_back(fn, args, seconds, min_calls=1, while_busy=None):
         asked.append(seconds)
@@ -354,14 +355,32 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
         if while_busy is not None:  # the SM clock is read while the calls run
             while_busy()
 
-    def heat(first=True, times=(), limited=True):
+    def heat(first=True, times=(), limited=True, stale_windows=0, held=None, power=True, first_change=False):
+        """Seconds the heat took. NVML's power reading stays what it was before the heat for ``stale_windows``
+        windows, then changes at every read; ``limited``: whether the changed readings are at the power limit
+        (None: the power reading never changes); ``first_change``: whether the first changed one is (it may cover
+        the previous workload); ``held``: what the clock and its reasons say (default: as ``limited``);
+        ``power``: whether the driver has a power reading at all."""
         clock[0], script[:], below_top[0] = 0.0, list(times), limited
+        stale, watts = [stale_windows + 1], [200.0]  # + 1: the heat reads NVML once before its calls
+        clock_held = bool(limited) if held is None else held
+
+        def read():
+            if not power:
+                return clock_held, None
+            if stale[0] or limited is None:
+                stale[0] -= 1
+                return clock_held, 100.0
+            watts[0] += 1.0
+            return clock_held, watts[0]
+
+        nvml.read, nvml.at_limit = read, lambda w: (bool(limited) and w > 200.0) or (first_change and w == 201.0)
         timer.heat(None, (), first=first)
         return clock[0]
 
     timer.perf = lambda: clock[0]
     timer.back_to_back = back_to_back
-    timer.clock = SimpleNamespace(limited=lambda: below_top[0])
+    timer.clock = nvml
     window = rl.HEAT_WINDOW_S
     # A process's first heat, power-limited: at least FIRST_HEAT_MIN_S however flat (a cool GPU throttles late).
     assert rl.FIRST_HEAT_MIN_S <= heat() <= rl.FIRST_HEAT_MIN_S + 2 * window and timer.limited
@@ -379,8 +398,25 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
     # first window: limited too (a heat ends after two windows only if the second is no slower than the first).
     assert heat(times=[95.0, 97.0, 99.0, 101.0], limited=False) >= rl.HEAT_MIN_S and timer.limited
     assert heat(times=[95.0, 97.0, 98.0, 98.5], limited=False) < rl.HEAT_MIN_S and not timer.limited
-    # Without NVML the heat takes the safe side: power-limited.
-    assert heat(limited=None) >= rl.HEAT_MIN_S and timer.limited
+    # Not limited, but NVML's power reading stays what it was before the heat for 5 windows: the heat waits for one
+    # from within the heat (its second change: the seventh window's).
+    assert heat(limited=False, stale_windows=5) == pytest.approx(7 * window) and not timer.limited
+    # Power at the limit only in the first changed reading (which may cover the previous workload): not counted.
+    assert heat(limited=False, first_change=True) == pytest.approx(2 * window) and not timer.limited
+    # The clock held below top (it lags: the previous workload's cap) but fresh power readings well below the limit:
+    # not limited. Without a power reading in the driver, the clock decides.
+    assert heat(limited=False, held=True) == pytest.approx(rl.UNLIMITED_HEAT_WINDOWS[0] * window)
+    assert not timer.limited
+    assert heat(limited=False, held=True, power=False) >= rl.HEAT_MIN_S and timer.limited
+    assert heat(limited=False, power=False) == pytest.approx(rl.UNLIMITED_HEAT_WINDOWS[0] * window)
+    assert not timer.limited
+    # Clock at top, but a fresh power reading at the limit: limited (it reads early, before the clock drops).
+    assert heat(limited=True, held=False) >= rl.HEAT_MIN_S and timer.limited
+    # No fresh reading within HEAT_MAX_S, or no NVML at all: the safe side, power-limited.
+    assert heat(limited=None) >= rl.HEAT_MAX_S and timer.limited
+    nvml.available = False
+    assert heat(limited=False) >= rl.HEAT_MIN_S and timer.limited
+    nvml.available = True
     asked.clear()
     timer.heat(None, (), first=False)  # a later burst of the same workload
     assert asked == [rl.HEAT_S] and timer.limited
@@ -664,21 +700,36 @@ def extension(body_extra: str = "") -> dict[str, str]:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-def test_the_timer_reads_the_gpus_clock_and_tells_a_power_limited_kernel_from_a_light_one():
-    """NVML through the driver's library: a GPU kept busy by small copies runs at its top clock; a large matmul
-    back to back (about 0.3 s) holds an H200 at its power limit, below it."""
+def test_the_heat_tells_a_power_limited_kernel_from_a_light_one_through_nvml():
+    """NVML through the driver's library (clock, clock-event reasons, instantaneous power): small multiplies back to
+    back leave the GPU far below its power limit; an 8192^3 bf16 matmul drives an H200 past it within its first
+    power reading (795 W of 700 in session 8), before the clock drops; a 256M fp32 scale (about 560 W) does not."""
     from ksearch_graph import _candidate_runner as rl
 
     rl.load_torch()
     timer = rl.Timer("cuda")
-    assert timer.clock is not None and timer.clock.top > 0, "NVML is not reachable: every kernel gets fillers"
+    gauge = timer.clock
+    assert gauge is not None and gauge.available and gauge.top > 0, "NVML is not reachable: every kernel gets fillers"
     small = torch.ones(1 << 16, device="cuda")
     timer.heat(lambda x: x * 2, (small,), first=True)
-    assert not timer.limited, f"a light kernel read as power-limited (top clock {timer.clock.top} MHz)"
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    timer.heat(torch.matmul, (a, a), first=True)
-    if "H200" in torch.cuda.get_device_name():  # a GPU with more power headroom may hold its top clock
-        assert timer.limited, "an 8192^3 bf16 matmul back to back read as not limited (NVML's clock, its slowdown)"
+    assert not timer.limited, f"a light kernel read as power-limited (top clock {gauge.top} MHz, {gauge.power()})"
+    if "H200" not in torch.cuda.get_device_name():  # the figures below are an H200's (700 W)
+        return
+    assert gauge.power() is not None and gauge.limit_mw > 0, "the driver has no instantaneous power reading"
+    heats = {}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name, fn, args in [("scale 256M fp32", torch.mul, (torch.randn(1 << 28, generator=g, device="cuda"), 1.5)),
+                           ("matmul 8192 bf16", torch.matmul, (torch.randn(8192, 8192, generator=g, device="cuda",
+                                                                           dtype=torch.bfloat16),) * 2)]:
+        t0 = time.perf_counter()
+        timer.heat(fn, args, first=True)
+        heats[name] = (timer.limited, time.perf_counter() - t0, gauge.power())
+        del args
+        time.sleep(0.3)  # cool down between them
+    assert heats["matmul 8192 bf16"][0], f"an 8192^3 bf16 matmul back to back read as not limited: {heats}"
+    # Memory-bound, about 560 W: not limited, and told so within about one power reading.
+    assert not heats["scale 256M fp32"][0], f"a 256M fp32 scale back to back read as power-limited: {heats}"
+    assert heats["scale 256M fp32"][1] < 0.3, f"the heat of a kernel that is not limited took long: {heats}"
 
 
 @pytest.mark.gpu

@@ -103,7 +103,7 @@ def limited_study(timer, torch) -> None:
     under_load = []
     for _ in range(20):  # ~30 ms of calls queued, the clock read while they run, then after a synchronize
         fn(*heat)
-    limited = timer.clock.limited if timer.clock is not None else (lambda: None)
+    limited = timer.clock.read if timer.clock is not None else (lambda: None)  # (clock held, power W)
     for _ in range(5):
         time.sleep(3e-3)
         under_load.append(limited())

@@ -118,6 +118,7 @@ def calibrate(rows: list) -> None:
     for w in task.spec.workloads:
         found = [next(x for x in r.workloads if x.workload == w.name) for r in runs if r.passed]
         row = {"workload": w.name, "harness_us": [round(x.latency_us, 2) for x in found], "runs": [x.runs for x in found],
+               "power_limited": [x.power_limited for x in found],
                "harness_median_us": [round(x.median_us, 2) for x in found],
                "harness_std_us": [round(x.std_us, 2) for x in found]}
         if found:
@@ -155,8 +156,9 @@ def trimul(report: dict) -> None:
                  "latency_us": r.latency_us, "compile_s": r.compile_s, "log": r.log_excerpt[:500],
                  "workloads": [w.model_dump() for w in r.workloads]}
         report["trimul"].append(entry)
+        entry["power_limited"] = [w.workload for w in r.workloads if w.power_limited]
         print(f"trimul evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.2f} s (after {waited_s:.2f} s waiting "
-              f"for its prestarted processes), phases {r.phases}, "
+              f"for its prestarted processes), phases {r.phases}, power-limited {entry['power_limited']}, "
               f"score {r.score:.4f}, geomean {r.latency_us}, reference {entry['reference_timing']}, "
               f"prestarted {entry['prestarted']}", flush=True)
     evaluator.close()
@@ -182,7 +184,8 @@ def markdown(report: dict) -> str:
         lines.append("")
         lines.append(f"TriMul evaluation {i + 1}: {t['status']}, wall {t['wall_s']:.2f} s (after waiting "
                      f"{t['waited_for_prestart_s']:.2f} s for its prestarted processes), reference timing "
-                     f"{t['reference_timing']}, prestarted {t['prestarted']}, phases {t['phases']}")
+                     f"{t['reference_timing']}, prestarted {t['prestarted']}, power-limited workloads "
+                     f"{t.get('power_limited')}, phases {t['phases']}")
     return "\n".join(lines) + "\n"
 
 
