@@ -41,11 +41,11 @@ MIN_RUNS_GPU = 10  # three steady samples can all come from one clock state (see
 # when NVML's instantaneous power, read while they run and refreshed within the heat, is at POWER_LIMITED of the
 # enforced limit or more (PowerGauge; the clock and its reasons only where the driver has no power reading), or
 # when the calls slowed down (LOAD_SLOWDOWN). A heat that finds no limit goes on until such a power reading exists
-# (NVML refreshes it about every 100 ms on an H200: 100-250 ms); a limited one lasts at least HEAT_MIN_S
-# (FIRST_HEAT_MIN_S for a process's first, from a possibly cool GPU), and between timed calls more untimed calls
-# keep the candidate's calls at FILL_DUTY of the time (input generation, checks and copies fill the rest, and draw
-# less power), at most FILL_MAX x the timed call's time. Other kernels run at top clocks either way and get
-# neither. A later burst of a workload gets HEAT_S.
+# (NVML refreshes it about every 100 ms on an H200: the second refresh, 100-250 ms in); a limited one lasts at
+# least HEAT_MIN_S (FIRST_HEAT_MIN_S for a process's first, from a possibly cool GPU), and between timed calls more
+# untimed calls keep the candidate's calls at FILL_DUTY of the time (input generation, checks and copies fill the
+# rest, and draw less power), at most FILL_MAX x the timed call's time. Other kernels run at top clocks either way
+# and get neither. A later burst of a workload gets HEAT_S.
 HEAT_S, HEAT_WINDOW_S, HEAT_MIN_S, FIRST_HEAT_MIN_S, HEAT_MAX_S = 0.02, 0.025, 0.2, 0.3, 0.5
 UNLIMITED_HEAT_WINDOWS = 2, 4  # windows before a heat may call a kernel not power-limited (later, process's first)
 CLOCK_LIMITED = 0.97
@@ -261,11 +261,25 @@ class CudaRuntime:
             self.lib.cudaDeviceSetLimit(self.LIMIT_PERSISTING_L2, ctypes.c_size_t(self.default_persisting_l2))
 
 
+class NvmlValue(ctypes.Union):
+    """nvmlValue_t (nvml.h); ``NvmlField.valueType`` says which member NVML wrote (the order of KINDS)."""
+    KINDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong), ("siVal", ctypes.c_int),
+                ("usVal", ctypes.c_ushort)]
+
+
 class NvmlField(ctypes.Structure):
-    """nvmlFieldValue_t (nvml.h): one value of nvmlDeviceGetFieldValues, with the CPU time it was sampled at."""
+    """nvmlFieldValue_t (nvml.h): one value of nvmlDeviceGetFieldValues. Its timestamp is when the value was asked
+    for, not when the driver measured it (session 8: the instantaneous power's always read 0 ms old)."""
     _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
                 ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int),
-                ("value", ctypes.c_ulonglong)]
+                ("value", NvmlValue)]
+
+    def number(self) -> float | None:
+        if self.nvmlReturn != 0 or not 0 <= self.valueType < len(NvmlValue.KINDS):
+            return None
+        return float(getattr(self.value, NvmlValue.KINDS[self.valueType]))
 
 
 class PowerGauge:
@@ -284,8 +298,9 @@ class PowerGauge:
     THROTTLED = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SW power cap, HW slowdown, SW/HW thermal, HW power brake
 
     def __init__(self, pci_bus_id: bytes | None):
-        self.lib = self.handle = self.reasons = None
+        self.lib = self.handle = self.reasons = self.field_values = None
         self.top = self.limit_mw = 0
+        self.has_power = False  # the driver has the instantaneous power field (r535 on) and an enforced limit
         try:
             lib = ctypes.CDLL("libnvidia-ml.so.1")
             handle, top, limit = ctypes.c_void_p(), ctypes.c_uint(0), ctypes.c_uint(0)
@@ -298,6 +313,8 @@ class PowerGauge:
                 # Renamed from ...ThrottleReasons in driver 535; either reads the same bits.
                 self.reasons = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
                     lib, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+                self.field_values = getattr(lib, "nvmlDeviceGetFieldValues", None)
+                self.has_power = self.power() is not None
         except (OSError, AttributeError):
             pass
 
@@ -306,14 +323,15 @@ class PowerGauge:
         return self.lib is not None
 
     def power(self) -> float | None:
-        """Instantaneous power in W, or None where the driver has no such field (before r535) or no enforced limit
-        to compare it with. NVML refreshes it every 100-150 ms on an H200, and the timestamp it carries is when it was
-        asked for, not when it was measured (session 8): a fresh reading is one that changed."""
+        """Instantaneous power in W; None where the driver has no such field or no enforced limit to compare it
+        with, or the query failed. NVML refreshes it about every 100 ms on an H200, and its timestamp is the
+        query's (NvmlField): a fresh reading is one that changed."""
         field = NvmlField(fieldId=self.POWER_INSTANT)
-        if not self.limit_mw or self.lib.nvmlDeviceGetFieldValues(self.handle, 1, ctypes.byref(field)) != 0 \
-                or field.nvmlReturn != 0:
+        if not self.limit_mw or self.field_values is None \
+                or self.field_values(self.handle, 1, ctypes.byref(field)) != 0:
             return None
-        return field.value / 1e3
+        mw = field.number()
+        return None if mw is None else mw / 1e3
 
     def read(self) -> tuple[bool, float | None]:
         """(whether the clock is held now: below CLOCK_LIMITED of its top, or a THROTTLED reason; ``power()``)."""
@@ -363,7 +381,7 @@ class Timer:
         self.zero_ = torch.Tensor.zero_
         self.untimed_us: list[float] = []  # device times of heat and filler calls, for the caller's consistency check
         self.heated = False  # the first heat of this process may start from a cool GPU
-        self.limited = True  # the current workload holds the GPU below its top clock (see CLOCK_LIMITED)
+        self.limited = True  # the current workload drives the GPU to its power limit (see heat)
         self.clock = None
         if self.cuda:
             self.Event = torch.cuda.Event
@@ -465,9 +483,9 @@ class Timer:
             windows.append(sum(self.untimed_us[done:]) / max(1, len(self.untimed_us) - done))
             if now:
                 held, watts = now[-1]
-                if watts is None:  # no power reading: the clock, from the second window (the first may ramp up)
+                if not gauge.has_power:  # the clock, from the second window (in the first it may ramp up)
                     limited, seen = limited or (held and len(windows) > 1), seen or len(windows) > 1
-                elif watts != last:
+                elif watts is not None and watts != last:  # None: this query failed
                     changes, last = changes + 1, watts
                     if changes >= 2:
                         limited, seen = limited or gauge.at_limit(watts), True
@@ -476,7 +494,9 @@ class Timer:
             settled = self.perf() - started >= least[0] if limited else seen and len(windows) >= least[1]
             if settled and len(windows) > 1 and windows[-1] <= windows[-2] * 1.01:
                 break
-        self.limited = limited or not seen  # no fresh power reading within HEAT_MAX_S: the safe side
+        if not seen:  # no fresh power reading within HEAT_MAX_S: the safe side
+            progress(f"heat: no NVML power reading refreshed within {HEAT_MAX_S:g} s; counted as power-limited")
+        self.limited = limited or not seen
 
     def fill(self, fn, args, gap_s: float, call_us: float) -> None:
         """Between two timed calls of a power-limited workload, before the next one's inputs exist: enough untimed

@@ -338,7 +338,7 @@ def test_timing_bursts_grow_within_memory_budget_and_run_limits():
 
 def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limited_gpu_busy():
     """The rules that keep a GPU under sustained load around timed calls (the calls themselves run only on a GPU;
-    here a fake clock, scripted call times and a scripted SM clock stand in for them)."""
+    here a fake clock, scripted call times and scripted NVML readings stand in for them)."""
     from types import SimpleNamespace
 
     from ksearch_graph import _candidate_runner as rl
@@ -346,35 +346,37 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
     rl.load_torch()
     timer = rl.Timer("cpu")
     timer.cuda = True  # the rules below only run on a GPU
-    clock, script, asked, below_top, nvml = [0.0], [], [], [True], SimpleNamespace(available=True)
+    clock, script, asked, nvml = [0.0], [], [], SimpleNamespace(available=True)
 
     def back_to_back(fn, args, seconds, min_calls=1, while_busy=None):
         asked.append(seconds)
         clock[0] += seconds
         timer.untimed_us.append(script.pop(0) if script else 100.0)
-        if while_busy is not None:  # the SM clock is read while the calls run
+        if while_busy is not None:  # NVML is read while the calls run
             while_busy()
 
-    def heat(first=True, times=(), limited=True, stale_windows=0, held=None, power=True, first_change=False):
+    def heat(first=True, times=(), limited=True, stale_windows=0, held=None, power=True, first_change=False,
+             period=1, failed=()):
         """Seconds the heat took. NVML's power reading stays what it was before the heat for ``stale_windows``
-        windows, then changes at every read; ``limited``: whether the changed readings are at the power limit
-        (None: the power reading never changes); ``first_change``: whether the first changed one is (it may cover
-        the previous workload); ``held``: what the clock and its reasons say (default: as ``limited``);
-        ``power``: whether the driver has a power reading at all."""
-        clock[0], script[:], below_top[0] = 0.0, list(times), limited
-        stale, watts = [stale_windows + 1], [200.0]  # + 1: the heat reads NVML once before its calls
+        windows, then changes every ``period`` reads (one a window; on an H200 it is refreshed about every 4);
+        ``limited``: whether the changed readings are at the power limit (None: the reading never changes);
+        ``first_change``: whether the first changed one is (it may cover the previous workload); ``held``: what
+        the clock and its reasons say (default: as ``limited``); ``power``: whether the driver has a power
+        reading at all; ``failed``: the reads whose power query fails."""
+        clock[0], script[:], reads = 0.0, list(times), [0]
         clock_held = bool(limited) if held is None else held
 
         def read():
-            if not power:
+            k = reads[0]  # 0: the read before the heat's calls
+            reads[0] += 1
+            if not power or k in failed:
                 return clock_held, None
-            if stale[0] or limited is None:
-                stale[0] -= 1
+            if limited is None or k <= stale_windows:
                 return clock_held, 100.0
-            watts[0] += 1.0
-            return clock_held, watts[0]
+            return clock_held, 200.0 + (k - stale_windows - 1) // period + 1
 
-        nvml.read, nvml.at_limit = read, lambda w: (bool(limited) and w > 200.0) or (first_change and w == 201.0)
+        nvml.read, nvml.has_power = read, power
+        nvml.at_limit = lambda w: (bool(limited) and w > 200.0) or (first_change and w == 201.0)
         timer.heat(None, (), first=first)
         return clock[0]
 
@@ -401,13 +403,19 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
     # Not limited, but NVML's power reading stays what it was before the heat for 5 windows: the heat waits for one
     # from within the heat (its second change: the seventh window's).
     assert heat(limited=False, stale_windows=5) == pytest.approx(7 * window) and not timer.limited
-    # Power at the limit only in the first changed reading (which may cover the previous workload): not counted.
+    # Power at the limit only in the first changed reading (which may cover the previous workload): not counted,
+    # however many windows read it before the next refresh (the fifth window's, with one every 4 reads).
     assert heat(limited=False, first_change=True) == pytest.approx(2 * window) and not timer.limited
+    assert heat(limited=False, first_change=True, period=4) == pytest.approx(5 * window) and not timer.limited
     # The clock held below top (it lags: the previous workload's cap) but fresh power readings well below the limit:
     # not limited. Without a power reading in the driver, the clock decides.
     assert heat(limited=False, held=True) == pytest.approx(rl.UNLIMITED_HEAT_WINDOWS[0] * window)
     assert not timer.limited
     assert heat(limited=False, held=True, power=False) >= rl.HEAT_MIN_S and timer.limited
+    # A power query that fails now and then (the driver has the field): those windows are skipped, the clock is not
+    # asked instead.
+    assert heat(limited=False, held=True, failed={1, 2}, stale_windows=2) == pytest.approx(4 * window)
+    assert not timer.limited
     assert heat(limited=False, power=False) == pytest.approx(rl.UNLIMITED_HEAT_WINDOWS[0] * window)
     assert not timer.limited
     # Clock at top, but a fresh power reading at the limit: limited (it reads early, before the clock drops).
@@ -431,6 +439,57 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
     # A fresh process's first heat, not power-limited: more windows than later ones (the GPU may be cool).
     timer.heated = False
     assert heat(limited=False) == pytest.approx(rl.UNLIMITED_HEAT_WINDOWS[1] * window)
+
+
+def test_the_power_gauge_reads_nvmls_power_clock_and_reasons():
+    """PowerGauge's side of NVML through ctypes, against a fake libnvidia-ml that writes what the real one would:
+    the instantaneous power as any of nvmlValue_t's types, failed queries as None, the clock or a power-cap reason
+    as held."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from ksearch_graph import _candidate_runner as rl
+
+    now = {"mhz": 1980, "reasons": 0x0, "field": (1, 812_000), "field_return": 0, "call_return": 0}
+
+    def field_values(handle, count, ref):
+        field = ref._obj
+        assert count == 1 and field.fieldId == rl.PowerGauge.POWER_INSTANT
+        kind, value = now["field"]
+        field.valueType, field.nvmlReturn = kind, now["field_return"]
+        setattr(field.value, rl.NvmlValue.KINDS[kind], value)
+        return now["call_return"]
+
+    def clock(handle, which, ref):
+        ref._obj.value = now["mhz"]
+        return 0
+
+    def reasons(handle, ref):
+        ref._obj.value = now["reasons"]
+        return 0
+
+    gauge = rl.PowerGauge(None)  # no PCI bus id: NVML not opened
+    assert not gauge.available and not gauge.has_power
+    gauge.lib = SimpleNamespace(nvmlDeviceGetClockInfo=clock)
+    gauge.top, gauge.limit_mw, gauge.reasons, gauge.field_values = 1980, 700_000, reasons, field_values
+    assert gauge.read() == (False, 812.0) and gauge.at_limit(812.0)
+    assert ctypes.sizeof(rl.NvmlField) == 40  # nvml.h's layout: 4 + 4 + 8 + 8 + 4 + 4 + 8
+    now["field"] = (0, 664.5e3)  # a double
+    assert gauge.power() == 664.5 and not gauge.at_limit(664.5) and gauge.at_limit(665.0)  # 95% of 700 W
+    now["field_return"] = 3  # NVML_ERROR_NOT_SUPPORTED in the field
+    assert gauge.power() is None
+    now["field_return"], now["call_return"] = 0, 999
+    assert gauge.power() is None
+    now["call_return"] = 0
+    gauge.limit_mw = 0  # no enforced limit to compare with
+    assert gauge.power() is None
+    gauge.limit_mw = 700_000
+    now["mhz"] = 1500
+    assert gauge.read()[0]
+    now["mhz"], now["reasons"] = 1980, 0x4  # the software power cap
+    assert gauge.read()[0]
+    now["reasons"] = 0x1  # idle: not held
+    assert not gauge.read()[0]
 
 
 def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_before_the_next_inputs_exist():
@@ -702,8 +761,8 @@ def extension(body_extra: str = "") -> dict[str, str]:
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_the_heat_tells_a_power_limited_kernel_from_a_light_one_through_nvml():
     """NVML through the driver's library (clock, clock-event reasons, instantaneous power): small multiplies back to
-    back leave the GPU far below its power limit; an 8192^3 bf16 matmul drives an H200 past it within its first
-    power reading (795 W of 700 in session 8), before the clock drops; a 256M fp32 scale (about 560 W) does not."""
+    back leave the GPU far below its power limit; an 8192^3 bf16 matmul drives an H200 past it (792-872 W of 700 in
+    session 8) before its clock drops; a 256M fp32 scale (about 560 W) does not."""
     from ksearch_graph import _candidate_runner as rl
 
     rl.load_torch()
@@ -724,12 +783,12 @@ def test_the_heat_tells_a_power_limited_kernel_from_a_light_one_through_nvml():
         t0 = time.perf_counter()
         timer.heat(fn, args, first=True)
         heats[name] = (timer.limited, time.perf_counter() - t0, gauge.power())
-        del args
         time.sleep(0.3)  # cool down between them
     assert heats["matmul 8192 bf16"][0], f"an 8192^3 bf16 matmul back to back read as not limited: {heats}"
-    # Memory-bound, about 560 W: not limited, and told so within about one power reading.
+    # Memory-bound, about 560 W: not limited, told by a refreshed power reading (a heat without one runs to
+    # HEAT_MAX_S and counts as limited).
     assert not heats["scale 256M fp32"][0], f"a 256M fp32 scale back to back read as power-limited: {heats}"
-    assert heats["scale 256M fp32"][1] < 0.3, f"the heat of a kernel that is not limited took long: {heats}"
+    assert heats["scale 256M fp32"][1] < rl.HEAT_MAX_S, f"no refreshed power reading in the heat: {heats}"
 
 
 @pytest.mark.gpu

@@ -5,10 +5,11 @@
 Session 7-8 found the heat calling an 8192^3 bf16 matmul "not limited": NVML read the top SM clock during the heat's
 50-100 ms, while ``triton.testing.do_bench`` (300 ms of calls) read it 7-10% slower than the harness. This prints,
 per workload, 0.8 s of do_bench-style calls (flush, call, no synchronize) from a GPU that idled 1 s first, in 50 ms
-slices: the mean call time, NVML's instantaneous and 1 s-averaged power against the enforced limit, how old the
-instantaneous reading was, the SM clock and the clock-event reasons (0x4: software power cap; 0x1: idle). Then the
-harness's pattern: its heat (how long, and whether it calls the workload power-limited) and a burst of 30 timed
-calls with fillers where limited, and the power they draw.
+slices: the mean call time, NVML's instantaneous and 1 s-averaged power against the enforced limit (the
+instantaneous reading's timestamp is the query's, so it cannot tell how old the value is: session 8), the SM clock
+and the clock-event reasons (0x4: software power cap; 0x1: idle). Then the harness's pattern: its heat (how long,
+and whether it calls the workload power-limited) and a burst of 30 timed calls with fillers where limited, and
+the power they draw.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ POWER_AVERAGE, POWER_INSTANT = 185, 186  # NVML_FI_DEV_POWER_AVERAGE / _INSTANT 
 
 
 class Nvml:
-    """The runner's PowerGauge, plus NVML's 1 s-averaged power and the age of each power reading."""
+    """The runner's PowerGauge, plus NVML's 1 s-averaged power."""
 
     def __init__(self, gauge):
         self.gauge, self.lib, self.handle, self.top = gauge, gauge.lib, gauge.handle, gauge.top
@@ -37,16 +38,14 @@ class Nvml:
         fields = (NvmlField * 2)()
         fields[0].fieldId, fields[1].fieldId = POWER_INSTANT, POWER_AVERAGE
         self.lib.nvmlDeviceGetFieldValues(self.handle, 2, fields)
-        now = time.time()
         usage, mhz, reasons = ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_ulonglong(0)
         self.lib.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(usage))
         self.lib.nvmlDeviceGetClockInfo(self.handle, 1, ctypes.byref(mhz))
         if self.gauge.reasons is not None:
             self.gauge.reasons(self.handle, ctypes.byref(reasons))
         return {"t": time.perf_counter(),
-                "instant_w": fields[0].value / 1e3 if fields[0].nvmlReturn == 0 else None,
-                "age_ms": (now - fields[0].timestamp / 1e6) * 1e3 if fields[0].nvmlReturn == 0 else None,
-                "average_w": fields[1].value / 1e3 if fields[1].nvmlReturn == 0 else None,
+                "instant_w": None if fields[0].number() is None else fields[0].number() / 1e3,
+                "average_w": None if fields[1].number() is None else fields[1].number() / 1e3,
                 "usage_w": usage.value / 1e3, "mhz": mhz.value, "reasons": reasons.value}
 
 
@@ -85,8 +84,7 @@ def slices(calls, samples, width_s: float, seconds: float) -> list[dict]:
         reasons = 0
         for s in ss:
             reasons |= s["reasons"]
-        ages = [s["age_ms"] for s in ss if s["age_ms"] is not None]
-        rows.append({"ms": hi * 1e3, "call_us": sum(us) / len(us), "n": len(us), "age_max": max(ages, default=None),
+        rows.append({"ms": hi * 1e3, "call_us": sum(us) / len(us), "n": len(us),
                      "instant_max": max(inst, default=None),
                      "instant_mean": sum(inst) / len(inst) if inst else None,
                      "average": ss[-1]["average_w"], "usage": ss[-1]["usage_w"],
@@ -119,12 +117,11 @@ def main() -> None:
         calls, samples = back_to_back(timer, nvml, fn, args, 0.8)
         print(f"\n## {name}: back to back after 1 s idle (idle: {fmt(idle['instant_w'])} W instant, "
               f"{idle['mhz']} MHz, reasons {idle['reasons']:#x})")
-        print("| until ms | calls | call us | instant W mean / max | reading age max ms | 1 s avg W | usage W | "
-              "min MHz | reasons |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| until ms | calls | call us | instant W mean / max | 1 s avg W | usage W | min MHz | reasons |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in slices(calls, samples, 0.05, 0.8):
             print(f"| {r['ms']:.0f} | {r['n']} | {r['call_us']:.1f} | {fmt(r['instant_mean'])} / "
-                  f"{fmt(r['instant_max'])} | {fmt(r['age_max'])} | {fmt(r['average'])} | {fmt(r['usage'])} | "
+                  f"{fmt(r['instant_max'])} | {fmt(r['average'])} | {fmt(r['usage'])} | "
                   f"{r['mhz_min']} | {r['reasons']:#x} |")
         # The harness's pattern: its heat (which decides whether fillers run), then a burst of timed calls.
         time.sleep(0.3)

@@ -103,13 +103,13 @@ def limited_study(timer, torch) -> None:
     under_load = []
     for _ in range(20):  # ~30 ms of calls queued, the clock read while they run, then after a synchronize
         fn(*heat)
-    limited = timer.clock.read if timer.clock is not None else (lambda: None)  # (clock held, power W)
+    read = timer.clock.read if timer.clock is not None and timer.clock.available else (lambda: None)
     for _ in range(5):
         time.sleep(3e-3)
-        under_load.append(limited())
+        under_load.append(read())
     timer.sync()
-    print(f"\n8192^3 bf16 matmul: heat says power-limited {timer.limited}; NVML under load says limited "
-          f"{under_load}, after a synchronize {limited()}; 30 timed calls per row, fillers before the inputs")
+    print(f"\n8192^3 bf16 matmul: heat says power-limited {timer.limited}; NVML (clock held, power W) under load "
+          f"{under_load}, after a synchronize {read()}; 30 timed calls per row, fillers before the inputs")
     print("| before each timed call | mean us | median us | std us |")
     print("| --- | --- | --- | --- |")
     for label in ["flush only", "cover", "calls 1 ms + cover"] * 2:
