@@ -9,7 +9,7 @@ slices: the mean call time, NVML's instantaneous and 1 s-averaged power against 
 instantaneous reading's timestamp is the query's, so it cannot tell how old the value is: session 8), the SM clock
 and the clock-event reasons (0x4: software power cap; 0x1: idle). Then the harness's pattern: its heat (how long,
 and whether it calls the workload power-limited) and a burst of 30 timed calls with fillers where limited, and
-the power they draw.
+the power they draw. Last, the power-limited matmuls with more fillers than the runner's, against do_bench.
 """
 
 from __future__ import annotations
@@ -135,6 +135,45 @@ def main() -> None:
         print(f"harness: heat {heat_ms:.0f} ms says limited {timer.limited}; 30 timed calls median "
               f"{us[len(us) // 2]:.1f} us (min {us[0]:.1f}, max {us[-1]:.1f}); instant power after them mean "
               f"{sum(watts) / len(watts):.0f} W, max {max(watts):.0f} W")
+
+    filler_sweep(rl, timer, torch, mm)
+
+
+# Between timed calls in an evaluation: the judge's round trip for the next seed, input generation, checks, copies.
+SWEEP_GAP_S = 2e-3
+
+
+def filler_sweep(rl, timer, torch, mm) -> None:
+    """The power-limited matmuls against do_bench with more fillers than the runner's (FILL_DUTY, FILL_MAX): how
+    close each setting comes, and what it costs in wall time (the open item of session 8)."""
+    import triton.testing
+
+    print(f"\n## Fillers against do_bench (20 timed calls on fresh inputs, {SWEEP_GAP_S * 1e3:g} ms host gap each)")
+    print("| workload | do_bench us | FILL_DUTY / FILL_MAX | median us | diff | burst wall s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    kept = rl.FILL_DUTY, rl.FILL_MAX
+    for n in (4096, 8192):
+        fn, args = mm(n)
+        time.sleep(0.5)
+        bench_us = triton.testing.do_bench(lambda: fn(*args), warmup=50, rep=300, return_mode="mean") * 1e3
+
+        def next_call(k, n=n):
+            time.sleep(SWEEP_GAP_S)
+            return mm(n)
+
+        for duty, most in [(0.85, 8.0), (0.92, 16.0), (0.97, 32.0)]:
+            rl.FILL_DUTY, rl.FILL_MAX = duty, most
+            time.sleep(0.3)
+            t0 = time.perf_counter()
+            timer.heat(fn, args, first=True)
+            done = rl.timed_burst(timer, 20, next_call, filler=(fn, args))
+            wall = time.perf_counter() - t0
+            us = sorted(d[1] for d in done)
+            median = us[len(us) // 2]
+            print(f"| mm-bf16-{n} | {bench_us:.1f} | {duty} / {most:g} | {median:.1f} | "
+                  f"{100 * (median - bench_us) / bench_us:+.2f}% | {wall:.2f} |")
+    rl.FILL_DUTY, rl.FILL_MAX = kept
+    torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
