@@ -382,7 +382,7 @@ class Timer:
         self.untimed_us: list[float] = []  # device times of heat and filler calls, for the caller's consistency check
         self.heated = False  # the first heat of this process may start from a cool GPU
         self.limited = True  # the current workload drives the GPU to its power limit (see heat)
-        self.clock = None
+        self.gauge = None  # PowerGauge on CUDA
         if self.cuda:
             self.Event = torch.cuda.Event
             self.record = torch.cuda.Event.record
@@ -391,7 +391,7 @@ class Timer:
             self.sync = torch.cuda.synchronize
             self.runtime = CudaRuntime()  # first: it sets how the host waits, before the context exists
             self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
-            self.clock = PowerGauge(self.runtime.pci_bus_id())
+            self.gauge = PowerGauge(self.runtime.pci_bus_id())
             self.cover, self.cover_kind = launch_cover(self.flush)
         else:
             self.sync = lambda: None
@@ -464,7 +464,7 @@ class Timer:
             return
         least = (FIRST_HEAT_MIN_S, UNLIMITED_HEAT_WINDOWS[1]) if not self.heated else (
             HEAT_MIN_S, UNLIMITED_HEAT_WINDOWS[0])
-        gauge = self.clock if self.clock is not None and self.clock.available else None
+        gauge = self.gauge if self.gauge is not None and self.gauge.available else None
         windows, started = [], self.perf()
         limited = seen = gauge is None  # without NVML: limited (the safe side)
         # A power reading counts from the second time it changed since the heat began. NVML refreshes it about every

@@ -382,7 +382,7 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
 
     timer.perf = lambda: clock[0]
     timer.back_to_back = back_to_back
-    timer.clock = nvml
+    timer.gauge = nvml
     window = rl.HEAT_WINDOW_S
     # A process's first heat, power-limited: at least FIRST_HEAT_MIN_S however flat (a cool GPU throttles late).
     assert rl.FIRST_HEAT_MIN_S <= heat() <= rl.FIRST_HEAT_MIN_S + 2 * window and timer.limited
@@ -767,7 +767,7 @@ def test_the_heat_tells_a_power_limited_kernel_from_a_light_one_through_nvml():
 
     rl.load_torch()
     timer = rl.Timer("cuda")
-    gauge = timer.clock
+    gauge = timer.gauge
     assert gauge is not None and gauge.available and gauge.top > 0, "NVML is not reachable: every kernel gets fillers"
     small = torch.ones(1 << 16, device="cuda")
     timer.heat(lambda x: x * 2, (small,), first=True)

@@ -99,7 +99,7 @@ def main() -> None:
     import torch
 
     timer = rl.Timer("cuda")
-    nvml = Nvml(timer.clock)
+    nvml = Nvml(timer.gauge)
     print(f"{torch.cuda.get_device_name()}, top SM clock {nvml.top} MHz, enforced power limit {nvml.limit_w:.0f} W")
     g = torch.Generator(device="cuda").manual_seed(1)
 

@@ -11,9 +11,9 @@ This prints:
    clock before it, after an idle of 0-50 ms (the host asleep), with one of: nothing but the 256 MB flush (``zero_``,
    as before session 7), the launch cover (``Timer.cover``: every SM held 0.5 ms, then the flush), or 1 ms of the
    kernel's own calls first (``Timer.back_to_back``, which warms the host's launch path);
-2. a power-limited kernel (an 8192^3 bf16 matmul) timed as a burst does it, after its heat, with fillers before each
-   call's inputs, against ``triton.testing.do_bench``;
-3. whole evaluations of the cheat task's honest candidate through SubprocessEvaluator.
+2. whole evaluations of the cheat task's honest candidate through SubprocessEvaluator.
+
+Power-limited kernels (fillers, the heat's verdict, against do_bench) are tools/diagnose_power_limit.py's.
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ WARMS = ["flush only", "cover", "calls 1 ms + flush only", "calls 1 ms + cover"]
 
 
 def idle_study(timer, torch) -> None:
-    clock = timer.clock
+    gauge = timer.gauge
 
     def mhz() -> int:
         now = ctypes.c_uint(0)
-        if clock is None or clock.lib is None:
+        if gauge is None or gauge.lib is None:
             return 0
-        clock.lib.nvmlDeviceGetClockInfo(clock.handle, clock.SM, ctypes.byref(now))
+        gauge.lib.nvmlDeviceGetClockInfo(gauge.handle, gauge.SM, ctypes.byref(now))
         return now.value
 
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -58,7 +58,7 @@ def idle_study(timer, torch) -> None:
         "matmul bf16 3072": (torch.matmul, lambda: tuple(
             torch.randn(3072, 3072, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))),
     }
-    print(f"top SM clock {clock.top if clock else None} MHz; cells: median / max us of device time (median host us "
+    print(f"top SM clock {gauge.top if gauge else None} MHz; cells: median / max us of device time (median host us "
           "of launching the call; SM clock before the warm-up)")
     print("| kernel | idle | " + " | ".join(WARMS) + " |")
     print("| --- | --- | " + "--- | " * len(WARMS))
@@ -90,45 +90,6 @@ def idle_study(timer, torch) -> None:
             print(f"| {name} | {idle_ms} ms | " + " | ".join(cells) + " |", flush=True)
 
 
-def limited_study(timer, torch) -> None:
-    import triton.testing
-
-    g = torch.Generator(device="cuda").manual_seed(2)
-
-    def make():
-        return tuple(torch.randn(8192, 8192, generator=g, device="cuda").to(torch.bfloat16) for _ in range(2))
-
-    fn, heat = torch.matmul, make()
-    timer.heat(fn, heat, first=True)
-    under_load = []
-    for _ in range(20):  # ~30 ms of calls queued, the clock read while they run, then after a synchronize
-        fn(*heat)
-    read = timer.clock.read if timer.clock is not None and timer.clock.available else (lambda: None)
-    for _ in range(5):
-        time.sleep(3e-3)
-        under_load.append(read())
-    timer.sync()
-    print(f"\n8192^3 bf16 matmul: heat says power-limited {timer.limited}; NVML (clock held, power W) under load "
-          f"{under_load}, after a synchronize {read()}; 30 timed calls per row, fillers before the inputs")
-    print("| before each timed call | mean us | median us | std us |")
-    print("| --- | --- | --- | --- |")
-    for label in ["flush only", "cover", "calls 1 ms + cover"] * 2:
-        us, gap_s = [], 0.0
-        for k in range(30):
-            if k:
-                timer.fill(fn, heat, gap_s, us[-1])
-            t0 = timer.perf()
-            args = make()
-            warm_up(timer, label, fn, heat)
-            us.append(timer.time(fn, args)[1])
-            del args
-            gap_s = max(0.0, timer.perf() - t0 - us[-1] * 1e-6)
-        print(f"| {label} | {statistics.fmean(us):.1f} | {statistics.median(us):.1f} | {statistics.stdev(us):.1f} |",
-              flush=True)
-    ms = triton.testing.do_bench(lambda: fn(*heat), warmup=50, rep=300, return_mode="mean")
-    print(f"do_bench (cold L2, 300 ms): {ms * 1e3:.1f} us")
-
-
 def evaluations() -> None:
     from ksearch_graph.evaluation import SubprocessEvaluator
     from ksearch_graph.task import load_task
@@ -157,5 +118,4 @@ if __name__ == "__main__":
     print(f"launch cover: {timer.cover_kind}")
     timer.launch_cover = timer.cover
     idle_study(timer, rl.torch)
-    limited_study(timer, rl.torch)
     evaluations()

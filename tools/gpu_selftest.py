@@ -154,9 +154,9 @@ def trimul(report: dict) -> None:
                  "reference_timing": r.environment.get("reference_timing"),
                  "prestarted": bool(r.environment.get("prestarted")),
                  "latency_us": r.latency_us, "compile_s": r.compile_s, "log": r.log_excerpt[:500],
-                 "workloads": [w.model_dump() for w in r.workloads]}
+                 "workloads": [w.model_dump() for w in r.workloads],
+                 "power_limited": [w.workload for w in r.workloads if w.power_limited]}
         report["trimul"].append(entry)
-        entry["power_limited"] = [w.workload for w in r.workloads if w.power_limited]
         print(f"trimul evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.2f} s (after {waited_s:.2f} s waiting "
               f"for its prestarted processes), phases {r.phases}, power-limited {entry['power_limited']}, "
               f"score {r.score:.4f}, geomean {r.latency_us}, reference {entry['reference_timing']}, "
