@@ -465,13 +465,19 @@ def runner_env(private_tmp: str) -> dict:
 
 
 class Judge:
-    def __init__(self, args, task: dict, result: dict, cached: dict, runner_task: dict):
+    """``cached``: reference timings of an earlier evaluation ({"key", "workloads"}); ``ahead``: those this process
+    measured while it waited for the job (``time_reference_ahead``), with the ``timer`` it used. An ``ahead`` judge
+    only times the reference: its base seed is its own, the hidden one stays for the evaluation's."""
+
+    def __init__(self, args, task: dict, result: dict, cached: dict, runner_task: dict | None,
+                 ahead: dict | None = None, timer: rl.Timer | None = None):
         self.args, self.task, self.result = args, task, result
         self.runner_task = runner_task  # what the candidate's process needs to import the candidate
         self.tol = task["tolerance"]
-        self.base_seed = int(os.environ.pop(SEED_ENV)) if args.seeds_from_env else secrets.randbits(62)
+        hidden = args.seeds_from_env and runner_task is not None
+        self.base_seed = int(os.environ.pop(SEED_ENV)) if hidden else secrets.randbits(62)
         self.rng = random.Random(secrets.randbits(64))  # which timed calls get re-checked
-        self.timer = rl.Timer(DEVICE)
+        self.timer = timer or rl.Timer(DEVICE)
         self.min_runs = rl.MIN_RUNS_GPU if DEVICE == "cuda" else rl.MIN_RUNS
         self.ref = load_module("ksearch_reference", os.path.join(args.task, task["reference"]))
         self.baseline = None
@@ -479,11 +485,16 @@ class Judge:
             base = load_module("ksearch_baseline", os.path.join(args.task, task["baseline"]))
             self.baseline = getattr(base, task["entry_point"])
         self.phases = {"waiting_for_runner": 0.0, "reference_timing": 0.0, "waiting_for_compile": 0.0,
-                       "reference": 0.0, "correctness": 0.0, "timing": 0.0, "checks": 0.0}
+                       "reference": 0.0, "correctness": 0.0, "timing": 0.0, "checks": 0.0,
+                       # parts of "timing": the candidate's heats and its fillers between timed calls (rl.Timer)
+                       "timing_heat": 0.0, "timing_fill": 0.0}
         self.timings_key = timings_key(args.task, task)
-        self.cached = cached if isinstance(cached, dict) and cached.get("key") == self.timings_key else {}
-        self.measured = {}  # reference/baseline timings measured here, for the parent to reuse
-        self.ref_timing, self.base_timing, self.reused = {}, {}, 0
+        self.cached, self.ahead = ((kept or {}).get("workloads", {}) if isinstance(kept, dict) and kept.get(
+            "key") == self.timings_key else {} for kept in (cached, ahead))
+        self.measured = {}  # reference/baseline timings measured by this process, for the parent to reuse
+        self.ref_timing, self.base_timing = {}, {}
+        self.sources = {"measured in this evaluation": 0, "measured while its processes waited for the job": 0,
+                        "reused from an earlier evaluation on this GPU": 0}
         self.call_bytes = {}  # per workload: one input set and its output, for the size of timing bursts
         self.power_limited = {}  # per workload: the candidate's heat found the GPU at its power limit
 
@@ -565,6 +576,10 @@ class Judge:
             _, timed, prints, flags, untimed = reply
             self.check_flags(flags, where)
             self.power_limited[name] = flags.get("power_limited") is True
+            for part in ("heat", "fill"):  # the process's totals so far: informative only, so just kept sane
+                spent = flags.get(f"{part}_s")
+                if isinstance(spent, float) and 0 <= spent < 1e6:
+                    self.phases[f"timing_{part}"] = spent
             if not (isinstance(timed, list) and isinstance(prints, list) and len(timed) == len(prints) == len(seeds)
                     and all(isinstance(t, (list, tuple)) and len(t) == 4 and all(
                         isinstance(v, float) and math.isfinite(v) and v >= -1e6 for v in t) for t in timed)
@@ -646,13 +661,18 @@ class Judge:
         name = w["name"]
         if name in self.ref_timing:
             return
-        cached = self.cached.get("workloads", {}).get(name)
-        if cached and cached["params"] == w["params"] and ("baseline" in cached) == (self.baseline is not None):
-            self.ref_timing[name] = cached["reference"]
-            if self.baseline is not None:
-                self.base_timing[name] = cached["baseline"]
-            self.reused += 1
-            return
+        for kept, source in ((self.ahead, "measured while its processes waited for the job"),
+                             (self.cached, "reused from an earlier evaluation on this GPU")):
+            entry = kept.get(name)
+            if entry and entry["params"] == w["params"] and ("baseline" in entry) == (self.baseline is not None):
+                self.ref_timing[name] = entry["reference"]
+                if self.baseline is not None:
+                    self.base_timing[name] = entry["baseline"]
+                if kept is self.ahead:
+                    self.measured[name] = entry  # new to the parent too
+                self.sources[source] += 1
+                return
+        self.sources["measured in this evaluation"] += 1
         t0 = time.perf_counter()
         try:
             progress(f"reference timing {name}")
@@ -749,9 +769,10 @@ class Judge:
                 if name in base_timing:
                     base_us = base_timing[name]["mean_us"]
                     results[name].update(baseline_us=base_us, speedup_vs_baseline=base_us / mean)
-        result["environment"]["reference_timing"] = (
-            "measured in this evaluation" if not self.reused else
-            f"{self.reused} of {len(timed)} workloads reused from an earlier evaluation on this GPU")
+        used = [(source, n) for source, n in self.sources.items() if n]
+        result["environment"]["reference_timing"] = "; ".join(
+            source if len(used) == 1 and source.startswith("measured") else f"{n} of {len(timed)} workloads {source}"
+            for source, n in used) or "no timed workloads"
 
         rows = [results[w["name"]] for w in timed]
         result["status"] = "passed"
@@ -826,9 +847,9 @@ class Session:
         shutil.rmtree(self.cfg["socket_dir"], ignore_errors=True)
 
 
-def evaluate(session: Session, args, timings: dict, result: dict) -> None:
+def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | None = None) -> None:
     """Fill ``result`` in place; raise Failure for a candidate that does not pass. ``timings``: reference/baseline
-    timings of an earlier evaluation, to reuse where they fit."""
+    timings of an earlier evaluation, to reuse where they fit; ``ahead``: ``time_reference_ahead``'s."""
     if not args.task:
         raise Failure("runtime_error", "the evaluation's job names no task")
     task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
@@ -844,7 +865,8 @@ def evaluate(session: Session, args, timings: dict, result: dict) -> None:
         runner_task = {"reference": os.path.join(os.path.abspath(args.task), task["reference"]),
                        "solution_file": task["solution_file"], "entry_point": task["entry_point"],
                        "kind": task["entry_kind"], "form": form}
-        judge = Judge(args, task, result, timings, runner_task)
+        ahead = ahead or {}
+        judge = Judge(args, task, result, timings, runner_task, ahead.get("timings"), ahead.get("timer"))
         judge.phases.update(session.phases)
         judge.run(session.runner)
     except Failure as f:
@@ -857,6 +879,46 @@ def evaluate(session: Session, args, timings: dict, result: dict) -> None:
             result["phases"] = {k: round(v, 4) for k, v in judge.phases.items()}
             if judge.measured:  # taken before candidate code ran: good for the next evaluation, pass or fail
                 result["reference_timings"] = {"key": judge.timings_key, "workloads": judge.measured}
+
+
+class JobWatch:
+    """When the job came on stdin, seen from a thread while this process does other work (an evaluation's clock
+    starts then, not when the process gets round to reading it)."""
+
+    def __init__(self, limit_s: float):
+        import threading
+
+        self.at: float | None = None
+        self._thread = threading.Thread(target=self._watch, args=(limit_s,), daemon=True)
+        self._thread.start()
+
+    def _watch(self, limit_s: float) -> None:
+        import select
+
+        if select.select([sys.stdin], [], [], limit_s)[0]:
+            self.at = time.perf_counter()
+
+
+def time_reference_ahead(args, job: JobWatch) -> dict:
+    """A prestarted process given its task (``--time-reference-ahead``) times the reference (and baseline) while it
+    waits for the job, holding the GPU's timing lock, before any candidate code exists: a search's first evaluation
+    then does not pay for it (3.8 s for TriMul on an H200), while the LLM writes the first candidate. Stops early when
+    the job comes; the evaluation times what is left. {} when the task cannot be read or its reference fails: the
+    evaluation meets and reports the same problem."""
+    t0 = time.perf_counter()
+    try:
+        task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
+        judge = Judge(args, task, {}, {}, None)
+        with timing_lock(args.lock_dir):
+            for w in task["workloads"]:
+                if w["timed"] and job.at is None:
+                    judge.time_reference(w)
+    except Exception as e:  # noqa: BLE001 (reported by the evaluation, which runs the same code)
+        progress(f"timing the reference ahead failed ({type(e).__name__}); the evaluation will")
+        return {}
+    progress(f"reference timed ahead: {len(judge.measured)} workloads in {time.perf_counter() - t0:.1f} s")
+    return {"timings": {"key": judge.timings_key, "workloads": judge.measured}, "timer": judge.timer,
+            "task": os.path.abspath(args.task)}
 
 
 def read_job(limit_s: float) -> dict | None:
@@ -939,6 +1001,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="start both processes, then wait for the job on stdin: JSON with task, workloads and "
                         "timings (reference/baseline timings of an earlier evaluation, reused when measured on this "
                         "GPU for the same task code and workload); replaces --task and --workloads")
+    parser.add_argument("--time-reference-ahead", action="store_true",
+                        help="with --job-from-stdin and --task: time that task's reference (and baseline) on its "
+                        "--workloads while waiting for the job; used when the job is for the same task")
     parser.add_argument("--standby-limit-s", type=float, default=900,
                         help="with --job-from-stdin: give up when no job has come after this long")
     args = parser.parse_args(argv)
@@ -955,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
         session = Session(args)
     except BaseException as e:  # reported once the job is known
         early = e
-    timings, prestarted = {}, False
+    timings, prestarted, ahead, job = {}, False, {}, None
     if args.job_from_stdin:
         import select
 
@@ -964,6 +1029,9 @@ def main(argv: list[str] | None = None) -> int:
             if session is not None:  # ready means both processes are: its "loaded" stays unread for run()
                 with contextlib.suppress(Failure):
                     session.runner.wait(args.compile_timeout_s)
+                if args.time_reference_ahead and args.task:
+                    job = JobWatch(args.standby_limit_s)
+                    ahead = time_reference_ahead(args, job)
             progress("started; waiting for the job")
         try:
             got = read_job(args.standby_limit_s)
@@ -975,15 +1043,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         progress("job received")
         args.task, args.workloads, timings = got.get("task"), got.get("workloads") or "", got.get("timings") or {}
-        if waiting:  # started ahead of time: the evaluation's clock starts now, imports were off it
-            start = time.perf_counter()
+        if waiting:  # started ahead of time: the evaluation's clock starts when the job came, imports were off it
+            start = job.at if job is not None and job.at is not None else time.perf_counter()
             if session is not None:
                 session.phases = {"spawn": 0.0, "imports": 0.0}
             prestarted = True
     try:
         if early is not None:
             raise early
-        evaluate(session, args, timings, result)
+        evaluate(session, args, timings, result,
+                 ahead if ahead.get("task") == os.path.abspath(args.task or "") else None)
     except Failure as f:
         result["status"], result["log_excerpt"] = f.status, clip(f.message)
     except BaseException as e:  # a harness or task problem

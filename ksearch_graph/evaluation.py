@@ -222,13 +222,20 @@ class SubprocessEvaluator:
         # would compete for cores).
         self.prestart = gpu_driver_present() if prestart is None else prestart
         self._standby: list[_Started] = []  # at most one, handed to the next evaluate()
+        self._ahead_task: Task | None = None  # start_ahead()'s: its reference is timed while a standby waits
         self._generation = 0  # close() moves it on: an evaluate() begun before then starts no new standby
         self._finalizer = weakref.finalize(self, _discard_all, self._standby)
 
-    def start_ahead(self) -> None:
+    def start_ahead(self, task: Task | None = None) -> None:
         """With ``prestart``: start the next evaluation's processes now. A search calls this as it starts, so its
         first evaluation finds their imports done (the LLM's first turns cover them). Not done on construction:
-        every evaluator a program makes would then keep an idle pair on the GPU."""
+        every evaluator a program makes would then keep an idle pair on the GPU.
+
+        With the ``task`` the search will evaluate, a standby started while this evaluator holds no reusable
+        reference timings for it times the task's reference while it waits (the first evaluation, and the first
+        after they expire), as the evaluation would have, still before any candidate code exists."""
+        if task is not None:
+            self._ahead_task = task
         if self.prestart:
             self._refill(self._generation)
 
@@ -306,6 +313,9 @@ class SubprocessEvaluator:
                "--compile-timeout-s", str(self.compile_timeout_s), "--call-timeout-s", str(self.call_timeout_s),
                "--cache-dir", self.cache_dir, "--lock-dir", str(Path(tempfile.gettempdir())),
                "--memory-limit-gb", str(self.memory_limit_gb)]
+        ahead = self._ahead_task
+        if ahead is not None and not self._reusable_timings(self._timings_slot(ahead)):
+            cmd += ["--task", ahead.root, "--workloads", self._job_workloads(ahead), "--time-reference-ahead"]
         if not self.isolate_network:
             cmd.append("--no-network-isolation")
         key = secrets.token_hex(32)
@@ -326,9 +336,9 @@ class SubprocessEvaluator:
             write_files(candidate, files)
         except ValueError as e:
             return EvalResult(status=Status.compile_error, log_excerpt=str(e))
-        timings_slot = (task.root, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        workloads = ",".join(w.name for w in task.feedback_workloads()) if self.workloads == "feedback" else ""
-        job = {"task": task.root, "workloads": workloads, "timings": self._reusable_timings(timings_slot)}
+        timings_slot = self._timings_slot(task)
+        job = {"task": task.root, "workloads": self._job_workloads(task),
+               "timings": self._reusable_timings(timings_slot)}
         data, refused = json.dumps(job).encode(), []
 
         def send() -> None:  # from a thread: a child that does not read must not stall us past the timeout
@@ -380,6 +390,13 @@ class SubprocessEvaluator:
             log_excerpt=f"the evaluation process was {how}; it was at: {_last_step(stderr_text)}\n"
             + _stderr_tail(stderr_text),
         )
+
+    def _job_workloads(self, task: Task) -> str:
+        return ",".join(w.name for w in task.feedback_workloads()) if self.workloads == "feedback" else ""
+
+    @staticmethod
+    def _timings_slot(task: Task) -> tuple:
+        return task.root, os.environ.get("CUDA_VISIBLE_DEVICES")
 
     def _reusable_timings(self, slot: tuple) -> dict:
         with self._lock:

@@ -671,18 +671,56 @@ def test_prestarted_evaluations_are_fresh_processes_whose_imports_cost_nothing(t
     assert str(work) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
-def test_a_search_on_a_gpu_host_starts_its_first_evaluations_processes_as_it_starts(monkeypatch):
-    """The evaluator a search makes for itself prestarts on a GPU host, before the first candidate exists."""
+def test_a_search_on_a_gpu_host_starts_its_first_evaluations_processes_as_it_starts(monkeypatch, tmp_path):
+    """The evaluator a search makes for itself prestarts on a GPU host, before the first candidate exists, and
+    those processes time the search's task's reference while they wait."""
     from ksearch_graph import evaluation, search
     from ksearch_graph.config import SearchConfig
 
+    task = write_task(tmp_path / "task")
     monkeypatch.setattr(evaluation, "gpu_driver_present", lambda: True)
-    ev = search._default_evaluator(SearchConfig())
+    ev = search._default_evaluator(SearchConfig(), task)
     try:
         assert ev.prestart and len(ev._standby) == 1 and ev._standby[0].proc.poll() is None
+        assert ev.wait_until_prestarted(timeout_s=120)
+        assert "reference timed ahead: 2 workloads" in (ev._standby[0].root / "stderr.txt").read_text()
     finally:
         ev.close()
     assert not ev._standby
+
+
+def test_the_first_evaluation_finds_its_reference_timed_while_its_processes_waited(tmp_path):
+    """start_ahead(task): the prestarted processes time the reference while the LLM would be writing the first
+    candidate, so the first evaluation pays nothing for it; the figures are kept and reused as any evaluation's.
+    A job that comes before that timing is done gets its clock started when it came, and times the rest itself;
+    a job for another task does not use them."""
+    task = write_task(tmp_path / "task")
+    ev = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all", prestart=True)
+    files = {"kernel.py": HONEST}
+    try:
+        ev.start_ahead(task)
+        assert ev.wait_until_prestarted(timeout_s=120)
+        first = ev.evaluate(task, files, attempt_id="ahead")
+        assert first.passed, explain(first)
+        assert first.environment["reference_timing"] == "measured while its processes waited for the job"
+        assert first.phases["reference_timing"] == 0.0
+        second = ev.evaluate(task, files, attempt_id="after")  # its standby timed nothing: the figures exist
+        assert second.environment["reference_timing"] == "2 of 2 workloads reused from an earlier evaluation on " \
+            "this GPU", explain(second)
+        assert [w.reference_us for w in first.workloads] == [w.reference_us for w in second.workloads]
+    finally:
+        ev.close()
+
+    other = write_task(tmp_path / "other")
+    for job_task, expected in ((task, None), (other, "measured in this evaluation")):
+        ev = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all", prestart=True)
+        try:
+            ev.start_ahead(task)  # no wait: the job may come while the reference is being timed
+            r = ev.evaluate(job_task, files, attempt_id="early")
+            assert r.passed and all(w.reference_us for w in r.workloads if w.timed), explain(r)
+            assert expected in (None, r.environment["reference_timing"]), explain(r)
+        finally:
+            ev.close()
 
 
 @pytest.mark.parametrize("job, message", [("not json", "not valid JSON"), ('{"workloads": ""}', "names no task")])

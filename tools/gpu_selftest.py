@@ -11,8 +11,9 @@
    difference.
 3. TriMul (examples/trimul/, all 25 workloads: 18 correctness-only + 7 timed) with the seed submission, three times
    with one evaluator, as a search would: each finds its processes prestarted (imports done: the first pair starts
-   when the search does, ``start_ahead()``, and the wait for it, the cold imports, is reported), the first
-   evaluation times the reference, the next two reuse its timings. Each with the evaluation's phase breakdown.
+   when the search does, ``start_ahead(task)``, and times the reference while it waits; that wait, the cold imports
+   and the reference timing, is reported), the next two reuse its timings. Each with the evaluation's phase
+   breakdown (``timing_heat`` and ``timing_fill`` are parts of ``timing``).
 Writes selftest.json and selftest.md into --out.
 """
 
@@ -140,7 +141,7 @@ def trimul(report: dict) -> None:
 
     task = load_task(ROOT / "examples" / "trimul")
     evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0)
-    evaluator.start_ahead()  # as a search does when it starts
+    evaluator.start_ahead(task)  # as a search does when it starts
     report["trimul"] = []
     for i in range(3):
         # As in a search, where the LLM's turn gives the prestarted processes time to import torch (the first pair
