@@ -21,7 +21,8 @@ Order of work:
    baseline) on fresh inputs now, holding the device's timing lock, while no candidate code has run (work a
    candidate's import leaves running would slow the reference and inflate the candidate's speedup). Timings of an
    earlier evaluation of the same session are reused when the parent passes them in the job: same task code, same
-   GPU. Then the runner imports the candidate (compile time, under its own limit).
+   GPU. A prestarted process given its task (``--time-reference-ahead``) times the reference while it waits for the
+   job (``time_reference_ahead``). Then the runner imports the candidate (compile time, under its own limit).
 2. Correctness: every workload, ``correctness_seeds`` input sets each, derived from a base seed drawn per evaluation.
    Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
 3. Timing of the timed workloads, holding the GPU's timing lock, in bursts (``rl.timed_burst``): every timed call
@@ -534,7 +535,8 @@ class Judge:
             call_bytes = nbytes(warm) + nbytes(out)
             del out, warm
             started = time.perf_counter()
-            while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs):
+            while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs,
+                                        self.timer.cuda and self.timer.limited):
                 first = len(times)
                 self.timer.untimed_us = []  # only the candidate's are checked; here they would just pile up
                 self.timer.heat(f, a, first == 0)
@@ -600,7 +602,8 @@ class Judge:
                                   f"host time around the call ({host_us:.0f} us): the timer was tampered with")
                 times.append(us)
                 escapes.append((tail - probe, tail))
-            last = rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs)
+            last = rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs,
+                                     self.power_limited[name])
             # Which outputs get re-checked is chosen now, after the burst: the candidate cannot tell which.
             chosen = [i for i in range(len(seeds)) if (first == 0 and i == 0) or (last and i == len(seeds) - 1)
                       or self.rng.random() < CHECK_PROBABILITY]

@@ -336,6 +336,49 @@ def test_timing_bursts_grow_within_memory_budget_and_run_limits():
     assert j.burst_size(0, judge.BURST_BYTES_CPU * 3, 1e-3) == 1  # bigger than the cap: one call at a time
 
 
+
+def test_timing_stops_at_a_tighter_error_for_a_power_limited_workload():
+    """A power-limited kernel's calls vary more: its timing goes on until the mean's relative standard error is below
+    TARGET_RSE_LIMITED, not TARGET_RSE; the budget stops both."""
+    from ksearch_graph import _candidate_runner as rl
+
+    assert rl.TARGET_RSE_LIMITED < rl.TARGET_RSE
+    times = [100.0, 103.0] * 8  # 16 calls, relative standard error 0.38% (1.5% per call)
+    noisy = [100.0, 106.0] * 8  # 0.77%
+    assert rl.precise_enough(times, 0.0, 1.0, 0.1) and rl.precise_enough(times, 0.0, 1.0, 0.1, limited=True)
+    assert rl.precise_enough(noisy, 0.0, 1.0, 0.1) and not rl.precise_enough(noisy, 0.0, 1.0, 0.1, limited=True)
+    assert rl.precise_enough(noisy, 0.0, 1.0, 1.1, limited=True)  # the budget is spent
+
+
+def test_fingerprints_are_bit_exact_checksums_of_any_tensor():
+    """The checksum that catches an output changed after its call (and inputs that differ between the processes):
+    equal bits give equal fingerprints, NaNs included; one changed bit, a sign of zero, a swapped dtype do not.
+    Views at any offset, odd byte counts, bools, complex and empty tensors all work."""
+    from ksearch_graph import _candidate_runner as rl
+
+    rl.load_torch()
+    x = torch.randn(1001)
+    x[7] = float("nan")
+    assert rl.fingerprint((x, 2)) == rl.fingerprint((x.clone(), 2))
+    one_ulp = x.clone()
+    one_ulp[500] = torch.nextafter(x[500], torch.tensor(math.inf))
+    signed = x.clone()
+    signed[3] = 0.0
+    negative = signed.clone()
+    negative[3] = -0.0
+    assert rl.fingerprint(one_ulp) != rl.fingerprint(x) and rl.fingerprint(signed) != rl.fingerprint(negative)
+    assert rl.fingerprint(x.view(torch.int32)) != rl.fingerprint(x)  # same bits, another dtype
+    half = torch.randn(1001).half()
+    for view in (half[1:], half[3:], torch.randn(6, 5)[:, 1], torch.ones(3, dtype=torch.bool),
+                 torch.randn(4, dtype=torch.complex64), torch.zeros(0), torch.tensor(2.5)):
+        assert rl.fingerprint(view) == rl.fingerprint(view.clone()), view
+        changed = view.clone()
+        if changed.numel():
+            changed.view(-1)[-1] = 0 if changed.view(-1)[-1] != 0 else 1
+            assert rl.fingerprint(changed) != rl.fingerprint(view), view
+    negatives = torch.tensor([-1.0, -2.0, 3.0])  # two sign bits cleared: a sum modulo 2**32 would not change
+    assert rl.fingerprint(negatives.abs()) != rl.fingerprint(negatives)
+
 def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limited_gpu_busy():
     """The rules that keep a GPU under sustained load around timed calls (the calls themselves run only on a GPU;
     here a fake clock, scripted call times and scripted NVML readings stand in for them)."""
