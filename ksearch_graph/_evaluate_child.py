@@ -467,8 +467,8 @@ def runner_env(private_tmp: str) -> dict:
 
 class Judge:
     """``cached``: reference timings of an earlier evaluation ({"key", "workloads"}); ``ahead``: those this process
-    measured while it waited for the job (``time_reference_ahead``), with the ``timer`` it used. An ``ahead`` judge
-    only times the reference: its base seed is its own, the hidden one stays for the evaluation's."""
+    measured while it waited for the job (``time_reference_ahead``); ``timer``: the session's. A judge with no
+    ``runner_task`` only times the reference: its base seed is its own, the hidden one stays for the evaluation's."""
 
     def __init__(self, args, task: dict, result: dict, cached: dict, runner_task: dict | None,
                  ahead: dict | None = None, timer: rl.Timer | None = None):
@@ -838,6 +838,14 @@ class Session:
             # CPU timings only order candidates, so make them steady: on a busy machine an OpenMP barrier waiting
             # for a descheduled worker thread adds a whole scheduler tick (~8 ms) to a 10 us torch call.
             torch.set_num_threads(1)
+        # The judge's timer (the CUDA context, its flush buffer, NVML, the launch cover) and cuBLAS, made here as the
+        # runner makes its own before it says "loaded": a process started ahead of its job has them off the
+        # evaluation's clock. On an H200 a TriMul evaluation whose judge had them ready took 8.9 s, 10.0-10.1 s
+        # otherwise (session 9).
+        self.timer = rl.Timer(DEVICE)
+        if DEVICE == "cuda":
+            warm = torch.ones(64, 64, device=DEVICE)
+            (warm @ warm).sum().item()
         self.environment = environment()
         self.phases["imports"] = time.perf_counter() - t0
 
@@ -868,8 +876,7 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
         runner_task = {"reference": os.path.join(os.path.abspath(args.task), task["reference"]),
                        "solution_file": task["solution_file"], "entry_point": task["entry_point"],
                        "kind": task["entry_kind"], "form": form}
-        ahead = ahead or {}
-        judge = Judge(args, task, result, timings, runner_task, ahead.get("timings"), ahead.get("timer"))
+        judge = Judge(args, task, result, timings, runner_task, (ahead or {}).get("timings"), session.timer)
         judge.phases.update(session.phases)
         judge.run(session.runner)
     except Failure as f:
@@ -902,7 +909,7 @@ class JobWatch:
             self.at = time.perf_counter()
 
 
-def time_reference_ahead(args, job: JobWatch) -> dict:
+def time_reference_ahead(session: Session, args, job: JobWatch) -> dict:
     """A prestarted process given its task (``--time-reference-ahead``) times the reference (and baseline) while it
     waits for the job, holding the GPU's timing lock, before any candidate code exists: a search's first evaluation
     then does not pay for it (3.8 s for TriMul on an H200), while the LLM writes the first candidate. Stops early when
@@ -911,7 +918,7 @@ def time_reference_ahead(args, job: JobWatch) -> dict:
     t0 = time.perf_counter()
     try:
         task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
-        judge = Judge(args, task, {}, {}, None)
+        judge = Judge(args, task, {}, {}, None, timer=session.timer)
         with timing_lock(args.lock_dir):
             for w in task["workloads"]:
                 if w["timed"] and job.at is None:
@@ -920,8 +927,7 @@ def time_reference_ahead(args, job: JobWatch) -> dict:
         progress(f"timing the reference ahead failed ({type(e).__name__}); the evaluation will")
         return {}
     progress(f"reference timed ahead: {len(judge.measured)} workloads in {time.perf_counter() - t0:.1f} s")
-    return {"timings": {"key": judge.timings_key, "workloads": judge.measured}, "timer": judge.timer,
-            "task": os.path.abspath(args.task)}
+    return {"timings": {"key": judge.timings_key, "workloads": judge.measured}, "task": os.path.abspath(args.task)}
 
 
 def read_job(limit_s: float) -> dict | None:
@@ -1034,7 +1040,7 @@ def main(argv: list[str] | None = None) -> int:
                     session.runner.wait(args.compile_timeout_s)
                 if args.time_reference_ahead and args.task:
                     job = JobWatch(args.standby_limit_s)
-                    ahead = time_reference_ahead(args, job)
+                    ahead = time_reference_ahead(session, args, job)
             progress("started; waiting for the job")
         try:
             got = read_job(args.standby_limit_s)

@@ -1,0 +1,56 @@
+"""The side-stream rule's two figures per timed call, tail and probe, for an honest small kernel in fresh processes.
+
+    python tools/diagnose_tail_probe.py [PROCESSES]      # on the GPU host, from the repository root (~20 s)
+
+The judge adds a workload's whole tail to its calls when the median of (tail - probe) over its calls exceeds
+max(ESCAPE_SLACK_US, 20% of the call): work left on another stream. Session 9's cheat suite saw the honest candidate's
+skinny workload (relu(x @ w), 16x4096 @ 4096x2048 fp32, ~32 us) charged so in the first evaluation on a fresh
+machine (14 us median, 68 us read), a false accusation. Each process here does what the candidate's process does for
+that workload: a heat, then timed calls on fresh inputs (``rl.timed_burst``), and prints every call's device time,
+tail and probe.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def one_process() -> None:
+    from ksearch_graph import _candidate_runner as rl
+
+    torch = rl.load_torch()
+    timer = rl.Timer("cuda")
+    g = torch.Generator(device="cuda").manual_seed(3)
+
+    def call(k=0):
+        x = torch.randn(16, 4096, device="cuda", generator=g)
+        w = torch.randn(4096, 2048, device="cuda", generator=g)
+        return (lambda a, b: torch.relu(a @ b)), (x, w)
+
+    fn, args = call()
+    fn(*args)
+    timer.heat(fn, args, first=True)
+    done = rl.timed_burst(timer, 20, call, filler=(fn, args))
+    extra = [tail - probe for _, _, tail, probe, _ in done]
+    print(f"  limited {timer.limited}; median call {statistics.median(d[1] for d in done):.1f} us, median tail - probe "
+          f"{statistics.median(extra):.1f} us (slack {max(10.0, 0.2 * statistics.median(d[1] for d in done)):.1f})")
+    print("  us / tail / probe: " + ", ".join(f"{us:.0f}/{tail:.0f}/{probe:.0f}" for _, us, tail, probe, _ in done))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--one"]:
+        one_process()
+        return
+    for i in range(int(sys.argv[1]) if len(sys.argv) > 1 else 3):
+        print(f"process {i + 1}:", flush=True)
+        subprocess.run([sys.executable, __file__, "--one"], check=False)
+
+
+if __name__ == "__main__":
+    main()
