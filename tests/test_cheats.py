@@ -277,7 +277,9 @@ def evaluations(task, probe, marker):
                         if future.done() and not future.cancelled() and future.exception() is None:
                             results = future.result()
                             for r in results if isinstance(results, tuple) else (results,):
-                                f.write(f"=== {name}\n{show(r)}\nflags={getattr(r, 'flags', [])} phases={r.phases}\n\n")
+                                env = {k: r.environment.get(k) for k in ("host_spin_wait", "launch_cover")}
+                                f.write(f"=== {name}\n{show(r)}\nflags={getattr(r, 'flags', [])} phases={r.phases} "
+                                        f"environment={env}\n\n")
 
 
 @pytest.fixture(scope="module")

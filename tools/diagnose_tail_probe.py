@@ -38,8 +38,9 @@ def one_process() -> None:
     timer.heat(fn, args, first=True)
     done = rl.timed_burst(timer, 20, call, filler=(fn, args))
     extra = [tail - probe for _, _, tail, probe, _ in done]
-    print(f"  limited {timer.limited}; median call {statistics.median(d[1] for d in done):.1f} us, median tail - probe "
-          f"{statistics.median(extra):.1f} us (slack {max(10.0, 0.2 * statistics.median(d[1] for d in done)):.1f})")
+    call_us = statistics.median(d[1] for d in done)
+    print(f"  host spin-waits {timer.runtime.spin_wait}; limited {timer.limited}; median call {call_us:.1f} us, "
+          f"median tail - probe {statistics.median(extra):.1f} us (slack {max(10.0, 0.2 * call_us):.1f})")
     print("  us / tail / probe: " + ", ".join(f"{us:.0f}/{tail:.0f}/{probe:.0f}" for _, us, tail, probe, _ in done))
 
 
