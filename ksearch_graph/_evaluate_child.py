@@ -88,6 +88,7 @@ if __name__ == "__main__":
 torch = None  # imported in evaluate(), after the candidate's process has been started (both imports overlap)
 
 SEED_ENV = "KSEARCH_EVAL_SEED"
+AHEAD = "timing the reference while waiting for the job"  # evaluation.py's _AHEAD: no candidate code has run yet
 RESULT_KEY_ENV = "KSEARCH_RESULT_KEY"  # signs the result file, so a forged or overwritten one is recognised
 ESCAPE_SLACK_US = 10.0  # device work past a call's end event (median), before it counts as the call's
 CHECK_PROBABILITY = 0.2  # share of timed calls (besides the first and last) whose output is re-checked
@@ -479,6 +480,7 @@ class Judge:
         self.base_seed = int(os.environ.pop(SEED_ENV)) if hidden else secrets.randbits(62)
         self.rng = random.Random(secrets.randbits(64))  # which timed calls get re-checked
         self.timer = timer or rl.Timer(DEVICE)
+        self.timer.heated = False  # the first heat here may start from a GPU that cooled while this process waited
         self.min_runs = rl.MIN_RUNS_GPU if DEVICE == "cuda" else rl.MIN_RUNS
         self.ref = load_module("ksearch_reference", os.path.join(args.task, task["reference"]))
         self.baseline = None
@@ -689,6 +691,7 @@ class Judge:
         self.ref_timing[name] = entry["reference"]
         if "baseline" in entry:
             self.base_timing[name] = entry["baseline"]
+        entry["at"] = time.time()  # when: the parent reuses it for a while from then, not from when it hears of it
         self.measured[name] = entry
         self.phases["reference_timing"] += time.perf_counter() - t0
 
@@ -877,6 +880,7 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
                        "solution_file": task["solution_file"], "entry_point": task["entry_point"],
                        "kind": task["entry_kind"], "form": form}
         judge = Judge(args, task, result, timings, runner_task, (ahead or {}).get("timings"), session.timer)
+        judge.phases["reference_timing"] += (ahead or {}).get("overrun_s", 0.0)
         judge.phases.update(session.phases)
         judge.run(session.runner)
     except Failure as f:
@@ -916,6 +920,7 @@ def time_reference_ahead(session: Session, args, job: JobWatch) -> dict:
     the job comes; the evaluation times what is left. {} when the task cannot be read or its reference fails: the
     evaluation meets and reports the same problem."""
     t0 = time.perf_counter()
+    progress(AHEAD)
     try:
         task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
         judge = Judge(args, task, {}, {}, None, timer=session.timer)
@@ -926,8 +931,11 @@ def time_reference_ahead(session: Session, args, job: JobWatch) -> dict:
     except Exception as e:  # noqa: BLE001 (reported by the evaluation, which runs the same code)
         progress(f"timing the reference ahead failed ({type(e).__name__}); the evaluation will")
         return {}
-    progress(f"reference timed ahead: {len(judge.measured)} workloads in {time.perf_counter() - t0:.1f} s")
-    return {"timings": {"key": judge.timings_key, "workloads": judge.measured}, "task": os.path.abspath(args.task)}
+    done = time.perf_counter()
+    progress(f"reference timed ahead: {len(judge.measured)} workloads in {done - t0:.1f} s")
+    # A job that came meanwhile waited for the workload in hand: that time is on its clock, as reference timing.
+    return {"timings": {"key": judge.timings_key, "workloads": judge.measured}, "task": os.path.abspath(args.task),
+            "overrun_s": max(0.0, done - job.at) if job.at is not None else 0.0}
 
 
 def read_job(limit_s: float) -> dict | None:

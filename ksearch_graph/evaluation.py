@@ -118,6 +118,7 @@ _RESULT_KEY = "KSEARCH_RESULT_KEY"
 _PROGRESS = "[ksearch-eval] "  # the child's progress lines on stderr
 _WAITING = "started; waiting for the job"  # the prestarted child's last progress line before it has its job
 _RECEIVED = _PROGRESS + "job received"  # ... and its first after
+_AHEAD = _PROGRESS + "timing the reference while waiting for the job"  # before _WAITING, with start_ahead(task)
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 _LOG_LIMIT = 2000
 
@@ -361,7 +362,7 @@ class SubprocessEvaluator:
         # Gone before it took the job (its pipe refused it, or it never said it had it): no candidate code ran, so
         # the evaluation may be tried again with fresh processes.
         started.died_waiting = not out.is_file() and (bool(refused) or (
-            _RECEIVED not in stderr_text and _last_step(stderr_text) == _WAITING))
+            _RECEIVED not in stderr_text and (_last_step(stderr_text) == _WAITING or _AHEAD in stderr_text)))
         if not finished:
             return EvalResult(
                 status=Status.timeout,
@@ -415,8 +416,10 @@ class SubprocessEvaluator:
             kept = self._timings.get(slot)
             if kept is None or kept["key"] != measured["key"]:  # the task's code or the GPU changed: start over
                 kept = self._timings[slot] = {"key": measured["key"], "workloads": {}}
-            now = time.monotonic()
-            kept["workloads"].update({name: (now, entry) for name, entry in measured["workloads"].items()})
+            now, wall = time.monotonic(), time.time()
+            # Kept from when it was measured (a prestarted process may have waited long for its job), not from now.
+            kept["workloads"].update({name: (now - _age_s(entry, wall), entry)
+                                      for name, entry in measured["workloads"].items()})
 
     def _child_env(self, root: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in _SECRET_WORDS)}
@@ -474,6 +477,12 @@ class _Started:
 def _discard_all(standby: list) -> None:
     while standby:
         standby.pop().discard()
+
+
+def _age_s(entry: Any, wall: float) -> float:
+    """Seconds since the evaluation child measured this reference timing (its ``at``, wall clock); 0 if unknown."""
+    at = entry.get("at") if isinstance(entry, dict) else None
+    return max(0.0, wall - at) if isinstance(at, (int, float)) and math.isfinite(at) else 0.0
 
 
 def _last_step(stderr_text: str) -> str:

@@ -350,10 +350,11 @@ def test_timing_stops_at_a_tighter_error_for_a_power_limited_workload():
     assert rl.precise_enough(noisy, 0.0, 1.0, 1.1, limited=True)  # the budget is spent
 
 
-def test_fingerprints_are_bit_exact_checksums_of_any_tensor():
+def test_fingerprints_are_bit_exact_checksums_of_any_tensor(monkeypatch):
     """The checksum that catches an output changed after its call (and inputs that differ between the processes):
-    equal bits give equal fingerprints, NaNs included; one changed bit, a sign of zero, a swapped dtype do not.
-    Views at any offset, odd byte counts, bools, complex and empty tensors all work."""
+    equal bits give equal fingerprints, NaNs included; one changed bit, a sign of zero, a swapped dtype, sign flips
+    that cancel in a sum of words do not. Views at any offset, odd byte counts, bools, complex (conjugate views too),
+    float8 and empty tensors all work, and big tensors are summed a chunk at a time."""
     from ksearch_graph import _candidate_runner as rl
 
     rl.load_torch()
@@ -378,6 +379,17 @@ def test_fingerprints_are_bit_exact_checksums_of_any_tensor():
             assert rl.fingerprint(changed) != rl.fingerprint(view), view
     negatives = torch.tensor([-1.0, -2.0, 3.0])  # two sign bits cleared: a sum modulo 2**32 would not change
     assert rl.fingerprint(negatives.abs()) != rl.fingerprint(negatives)
+    balanced = torch.tensor([-1.0, 3.0, 2.0, -5.0])  # negated: two sign bits set, two cleared
+    assert rl.fingerprint(-balanced) != rl.fingerprint(balanced)
+    z = torch.randn(6, dtype=torch.complex64)
+    assert rl.fingerprint(z.conj()) == rl.fingerprint(z.conj().resolve_conj()) != rl.fingerprint(z)
+    fp8 = torch.randn(9).to(torch.float8_e4m3fn)  # no value sum for float8: the word sum still sees a change
+    assert rl.fingerprint(fp8) == rl.fingerprint(fp8.clone()) != rl.fingerprint((-fp8.float()).to(fp8.dtype))
+    chunked = torch.randn(1000)
+    whole = rl.fingerprint(chunked)
+    monkeypatch.setattr(rl, "CHECKSUM_CHUNK", 64)  # the int64 copies, a chunk at a time, add up the same
+    assert rl.fingerprint(chunked) == whole
+
 
 def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limited_gpu_busy():
     """The rules that keep a GPU under sustained load around timed calls (the calls themselves run only on a GPU;
@@ -764,6 +776,71 @@ def test_the_first_evaluation_finds_its_reference_timed_while_its_processes_wait
             assert expected in (None, r.environment["reference_timing"]), explain(r)
         finally:
             ev.close()
+
+
+# make_inputs that sleeps while a file named "hold" exists beside it: a reference timing caught in the act.
+HELD_REFERENCE = SCALE_REFERENCE.replace("def make_inputs(params, seed, device):\n", """def make_inputs(params, seed, device):
+    import os, time
+    hold = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hold")
+    while os.path.exists(hold):
+        time.sleep(0.05)
+""")
+
+
+def wait_for_line(ev: SubprocessEvaluator, text: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ev._standby and text in (ev._standby[0].root / "stderr.txt").read_text(errors="replace"):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the prestarted evaluation never said {text!r}")
+
+
+def test_a_job_that_comes_during_the_reference_timing_ahead_pays_the_rest_on_its_clock(tmp_path):
+    """The job comes while the waiting judge is in the middle of timing the reference: the time it waits for that
+    workload is on its clock and reported as reference timing. A standby killed there (no candidate code has run)
+    is replaced by fresh processes, as one killed while waiting is."""
+    task_dir = tmp_path / "task"
+    task_dir.mkdir()
+    (task_dir / "reference.py").write_text(HELD_REFERENCE)
+    task = write_task(task_dir)
+    hold = task_dir / "hold"
+    files = {"kernel.py": HONEST}
+
+    ev = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all", prestart=True)
+    try:
+        hold.touch()
+        ev.start_ahead(task)
+        wait_for_line(ev, "reference timing small")
+        threading.Timer(1.5, hold.unlink).start()  # the job is sent now, the timing goes on 1.5 s later
+        r = ev.evaluate(task, files, attempt_id="during")
+        assert r.passed and r.environment["prestarted"] is True, explain(r)
+        assert r.phases["reference_timing"] >= 1.0 and r.wall_s >= r.phases["reference_timing"], explain(r)
+
+        ev.close()  # the next standby, without timings kept: one that times the reference ahead again
+        ev._timings.clear()
+        hold.touch()
+        ev.start_ahead(task)
+        wait_for_line(ev, "reference timing small")
+        os.killpg(ev._standby[0].proc.pid, signal.SIGKILL)
+        hold.unlink()
+        again = ev.evaluate(task, files, attempt_id="killed")
+        assert again.passed and not again.environment.get("prestarted"), explain(again)
+    finally:
+        ev.close()
+        hold.unlink(missing_ok=True)
+
+
+def test_reference_timings_are_kept_from_when_they_were_measured():
+    """A prestarted process may wait long for its job after timing the reference: its figures expire counted from
+    when it measured them."""
+    ev = SubprocessEvaluator(timeout_s=120, reuse_reference_timings_s=600)
+    slot = ("/task", None)
+    now = time.time()
+    ev._keep_timings(slot, {"key": "k", "workloads": {"old": {"params": {}, "reference": {}, "at": now - 900},
+                                                       "new": {"params": {}, "reference": {}, "at": now - 10},
+                                                       "unstamped": {"params": {}, "reference": {}}}})
+    assert set(ev._reusable_timings(slot)["workloads"]) == {"new", "unstamped"}
 
 
 @pytest.mark.parametrize("job, message", [("not json", "not valid JSON"), ('{"workloads": ""}', "names no task")])

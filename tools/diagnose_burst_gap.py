@@ -30,13 +30,15 @@ def main() -> None:
     p.add_argument("--solution", help="the candidate's file (default: the task's seed solution)")
     args = p.parse_args()
     task = json.loads(Path(args.task, "task.json").read_text())
+    if not (args.solution or task.get("seed_solution")):
+        p.error("this task has no seed solution: name one with --solution")
     torch = rl.load_torch()
     ref = rl.load_module("ref", os.path.join(args.task, task["reference"]))
     solution = rl.load_module("solution", args.solution or os.path.join(args.task, task["seed_solution"]))
     entry = getattr(solution, task["entry_point"])
     kind = task.get("entry_kind", "function")
     timer = rl.Timer("cuda")
-    timed = task.get("feedback_workloads") or [w["name"] for w in task["workloads"] if w.get("timed")]
+    timed = task.get("feedback_workloads") or [w["name"] for w in task["workloads"] if w.get("timed", True)]
 
     def ms(fn, repeat=5):
         """The host's wall time of fn() with the device idle before and after: what a burst's host waits."""
