@@ -314,7 +314,7 @@ class SubprocessEvaluator:
                "--compile-timeout-s", str(self.compile_timeout_s), "--call-timeout-s", str(self.call_timeout_s),
                "--cache-dir", self.cache_dir, "--lock-dir", str(Path(tempfile.gettempdir())),
                "--memory-limit-gb", str(self.memory_limit_gb)]
-        ahead = self._ahead_task
+        ahead = self._ahead_task if self.prestart else None  # else the job is sent at once: no wait to use
         if ahead is not None and not self._reusable_timings(self._timings_slot(ahead)):
             cmd += ["--task", ahead.root, "--workloads", self._job_workloads(ahead), "--time-reference-ahead"]
         if not self.isolate_network:
