@@ -471,15 +471,15 @@ class Judge:
     measured while it waited for the job (``time_reference_ahead``); ``timer``: the session's. A judge with no
     ``runner_task`` only times the reference: its base seed is its own, the hidden one stays for the evaluation's."""
 
-    def __init__(self, args, task: dict, result: dict, cached: dict, runner_task: dict | None,
-                 ahead: dict | None = None, timer: rl.Timer | None = None):
+    def __init__(self, args, task: dict, result: dict, cached: dict, runner_task: dict | None, timer: rl.Timer,
+                 ahead: dict | None = None):
         self.args, self.task, self.result = args, task, result
         self.runner_task = runner_task  # what the candidate's process needs to import the candidate
         self.tol = task["tolerance"]
         hidden = args.seeds_from_env and runner_task is not None
         self.base_seed = int(os.environ.pop(SEED_ENV)) if hidden else secrets.randbits(62)
         self.rng = random.Random(secrets.randbits(64))  # which timed calls get re-checked
-        self.timer = timer or rl.Timer(DEVICE)
+        self.timer = timer  # the Session's: made before this process's CUDA context (see rl.CudaRuntime)
         self.timer.heated = False  # the first heat here may start from a GPU that cooled while this process waited
         self.min_runs = rl.MIN_RUNS_GPU if DEVICE == "cuda" else rl.MIN_RUNS
         self.ref = load_module("ksearch_reference", os.path.join(args.task, task["reference"]))
@@ -879,8 +879,9 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
         runner_task = {"reference": os.path.join(os.path.abspath(args.task), task["reference"]),
                        "solution_file": task["solution_file"], "entry_point": task["entry_point"],
                        "kind": task["entry_kind"], "form": form}
-        judge = Judge(args, task, result, timings, runner_task, (ahead or {}).get("timings"), session.timer)
-        judge.phases["reference_timing"] += (ahead or {}).get("overrun_s", 0.0)
+        ahead = ahead or {}
+        judge = Judge(args, task, result, timings, runner_task, session.timer, ahead.get("timings"))
+        judge.phases["reference_timing"] += ahead.get("overrun_s", 0.0)
         judge.phases.update(session.phases)
         judge.run(session.runner)
     except Failure as f:
@@ -923,7 +924,7 @@ def time_reference_ahead(session: Session, args, job: JobWatch) -> dict:
     progress(AHEAD)
     try:
         task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
-        judge = Judge(args, task, {}, {}, None, timer=session.timer)
+        judge = Judge(args, task, {}, {}, None, session.timer)
         with timing_lock(args.lock_dir):
             for w in task["workloads"]:
                 if w["timed"] and job.at is None:

@@ -779,7 +779,8 @@ def test_the_first_evaluation_finds_its_reference_timed_while_its_processes_wait
 
 
 # make_inputs that sleeps while a file named "hold" exists beside it: a reference timing caught in the act.
-HELD_REFERENCE = SCALE_REFERENCE.replace("def make_inputs(params, seed, device):\n", """def make_inputs(params, seed, device):
+HELD_REFERENCE = SCALE_REFERENCE.replace("def make_inputs(params, seed, device):\n", """\
+def make_inputs(params, seed, device):
     import os, time
     hold = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hold")
     while os.path.exists(hold):
