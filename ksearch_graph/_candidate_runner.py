@@ -40,12 +40,12 @@ MIN_RUNS_GPU = 10  # three steady samples can all come from one clock state (see
 # (a heat, HEAT_WINDOW_S at a time, until a window is no slower than the one before). The kernel is power-limited
 # when NVML's instantaneous power, read while they run and refreshed within the heat, is at POWER_LIMITED of the
 # enforced limit or more (PowerGauge; the clock and its reasons only where the driver has no power reading), or
-# when the calls slowed down (LOAD_SLOWDOWN). A heat that finds no limit goes on until such a power reading exists
-# (NVML refreshes it about every 100 ms on an H200: the second refresh, 100-250 ms in); a limited one lasts at
-# least HEAT_MIN_S (FIRST_HEAT_MIN_S for a process's first, from a possibly cool GPU), and between timed calls more
-# untimed calls keep the candidate's calls at FILL_DUTY of the time (input generation, checks and copies fill the
-# rest, and draw less power), at most FILL_MAX x the timed call's time. Other kernels run at top clocks either way
-# and get neither. A later burst of a workload gets HEAT_S.
+# when the calls slowed down near the cap (LOAD_SLOWDOWN, SLOWDOWN_POWER). A heat that finds no limit goes on
+# until such a power reading exists (NVML refreshes it about every 100 ms on an H200: the second refresh,
+# 100-250 ms in); a limited one lasts at least HEAT_MIN_S (FIRST_HEAT_MIN_S for a process's first, from a possibly
+# cool GPU), and between timed calls more untimed calls keep the candidate's calls at FILL_DUTY of the time (input
+# generation, checks and copies fill the rest, and draw less power), at most FILL_MAX x the timed call's time.
+# Other kernels run at top clocks either way and get neither. A later burst of a workload gets HEAT_S.
 HEAT_S, HEAT_WINDOW_S, HEAT_MIN_S, FIRST_HEAT_MIN_S, HEAT_MAX_S = 0.02, 0.025, 0.2, 0.3, 0.5
 UNLIMITED_HEAT_WINDOWS = 2, 4  # windows before a heat may call a kernel not power-limited (later, process's first)
 CLOCK_LIMITED = 0.97
@@ -415,8 +415,8 @@ class Timer:
         self.untimed_us: list[float] = []  # device times of heat and filler calls, for the caller's consistency check
         self.heated = False  # the first heat of this process may start from a cool GPU
         self.limited = True  # the current workload drives the GPU to its power limit (see heat)
-        # Why the last first heat called it limited ("power", "clock", "slowdown", "no power reading"; None: not
-        # limited), and its windows as (mean call us, clock held, W or None): diagnostics show them.
+        # Why the last first heat called it limited ("power", "clock", "slowdown", "no power reading", "no NVML";
+        # None: not limited), and its windows as (mean call us, clock held, W or None): diagnostics show them.
         self.limited_by: str | None = None
         self.heat_trace: list[tuple[float, bool | None, float | None]] = []
         self.spent_s = {"heat": 0.0, "fill": 0.0}  # wall time of heats and fillers, for the evaluation's breakdown

@@ -464,6 +464,13 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
     assert not timer.limited and timer.limited_by is None
     assert heat(times=[95.0, 97.0, 99.0, 101.0], limited=False, held=False, power=False) >= rl.HEAT_MIN_S
     assert timer.limited_by == "slowdown"
+    # Only the readings that count say how near the cap the GPU is: a first refresh near it (it may cover the previous
+    # workload) does not make a slowdown count; a slowdown before the first counted reading counts once one is near.
+    assert heat(times=[95.0, 97.0, 99.0, 101.0], limited=False, near=False, first_change=True, period=4) < rl.HEAT_MIN_S
+    assert not timer.limited
+    slowing = [95.0, 97.0, 99.0, 101.0] + [101.0] * 4
+    assert heat(times=slowing, limited=False, stale_windows=5) >= rl.HEAT_MIN_S and timer.limited_by == "slowdown"
+    assert heat(times=slowing, limited=False, stale_windows=5, near=False) < rl.HEAT_MIN_S and not timer.limited
     # Not limited, but NVML's power reading stays what it was before the heat for 5 windows: the heat waits for one
     # from within the heat (its second change: the seventh window's).
     assert heat(limited=False, stale_windows=5) == pytest.approx(7 * window) and not timer.limited

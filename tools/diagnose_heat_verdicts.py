@@ -5,9 +5,10 @@
 Session 10's H200 called a 64K-element multiply (358 W of 700) and the softmax example power-limited, and the 3072^3
 bf16 matmul in all three calibration evaluations (session 9's machine: not limited). This runs each workload's first
 heat REPEATS times, light and heavy interleaved as an evaluation meets them, and prints the verdict (``limited_by``:
-"power", "slowdown", "no power reading") with each heat window's mean call time, whether NVML read the clock held,
-and the instantaneous power, and the most the calls slowed down (the LOAD_SLOWDOWN rule, which counts only near
-the cap: SLOWDOWN_POWER). A fresh process's first heat starts from a possibly cool GPU, as a judge's does.
+"power", "slowdown", "clock", "no power reading", "no NVML"; None: not limited) with each heat window's mean
+call time, whether NVML read the clock held, and the instantaneous power, and the most the calls slowed down (the
+LOAD_SLOWDOWN rule, which counts only near the cap: SLOWDOWN_POWER). A fresh process's first heat starts from a
+possibly cool GPU, as a judge's does.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def main() -> None:
     timer = rl.Timer("cuda")
     gauge = timer.gauge
     print(f"{torch.cuda.get_device_name()}, top SM clock {gauge.top} MHz, enforced limit {gauge.limit_mw / 1e3:.0f} W,"
-          f" power field {gauge.has_power}; POWER_LIMITED {rl.POWER_LIMITED}, LOAD_SLOWDOWN {rl.LOAD_SLOWDOWN}")
+          f" power field {gauge.has_power}; POWER_LIMITED {rl.POWER_LIMITED}, LOAD_SLOWDOWN {rl.LOAD_SLOWDOWN}, "
+          f"SLOWDOWN_POWER {rl.SLOWDOWN_POWER}")
     g = torch.Generator(device="cuda").manual_seed(1)
 
     def mm(n):
@@ -52,7 +54,8 @@ def main() -> None:
         "mm-bf16-4096": mm(4096),
         "mm-bf16-8192": mm(8192),
     }
-    print("| round | workload | limited_by | heat ms | most slowdown | windows: call us / clock held / W |")
+    print("| round | workload | limited_by | heat ms | most slowdown (whatever the power) "
+          "| windows: call us / clock held / W |")
     print("| --- | --- | --- | --- | --- | --- |")
     for round_ in range(REPEATS):
         for name, (fn, args) in workloads.items():

@@ -1,6 +1,6 @@
 """How fast a kernel's own sustained load pulls the GPU below its top clock, and what NVML shows meanwhile.
 
-    python tools/diagnose_power_limit.py      # on the GPU host, from the repository root (~30 s)
+    python tools/diagnose_power_limit.py [--sweeps-only]  # on the GPU host, from the repository root (~40 s)
 
 Session 7-8 found the heat calling an 8192^3 bf16 matmul "not limited": NVML read the top SM clock during the heat's
 50-100 ms, while ``triton.testing.do_bench`` (300 ms of calls) read it 7-10% slower than the harness. This prints,
@@ -9,7 +9,8 @@ slices: the mean call time, NVML's instantaneous and 1 s-averaged power against 
 instantaneous reading's timestamp is the query's, so it cannot tell how old the value is: session 8), the SM clock
 and the clock-event reasons (0x4: software power cap; 0x1: idle). Then the harness's pattern: its heat (how long,
 and whether it calls the workload power-limited) and a burst of 30 timed calls with fillers where limited, and
-the power they draw. Last, the power-limited matmuls with more fillers than the runner's, against do_bench.
+the power they draw. Last (alone with --sweeps-only), the power-limited matmuls against do_bench with more
+fillers than the runner's, and behind launch covers of shorter holds.
 """
 
 from __future__ import annotations
@@ -107,8 +108,9 @@ def main() -> None:
         return torch.matmul, tuple(torch.randn(n, n, generator=g, device="cuda", dtype=torch.bfloat16)
                                    for _ in range(2))
 
-    workloads = {"mm-bf16-3072": mm(3072), "mm-bf16-4096": mm(4096), "mm-bf16-8192": mm(8192),
-                 "scale-fp32-256M": (torch.mul, (torch.randn(1 << 28, generator=g, device="cuda"), 1.5))}
+    workloads = {} if "--sweeps-only" in sys.argv else {
+        "mm-bf16-3072": mm(3072), "mm-bf16-4096": mm(4096), "mm-bf16-8192": mm(8192),
+        "scale-fp32-256M": (torch.mul, (torch.randn(1 << 28, generator=g, device="cuda"), 1.5))}
     for name, (fn, args) in workloads.items():
         fn(*args)
         torch.cuda.synchronize()
@@ -136,22 +138,46 @@ def main() -> None:
               f"{us[len(us) // 2]:.1f} us (min {us[0]:.1f}, max {us[-1]:.1f}); instant power after them mean "
               f"{sum(watts) / len(watts):.0f} W, max {max(watts):.0f} W")
 
-    filler_sweep(rl, timer, torch, mm)
+    sweeps(rl, timer, torch, mm)
 
 
 # Between timed calls in an evaluation: the judge's round trip for the next seed, input generation, checks, copies.
 SWEEP_GAP_S = 2e-3
+COVER_HOLDS_S = (0.5e-3, 0.25e-3, 0.1e-3)
 
 
-def filler_sweep(rl, timer, torch, mm) -> None:
-    """The power-limited matmuls against do_bench with more fillers than the runner's (FILL_DUTY, FILL_MAX): how
-    close each setting comes, and what it costs in wall time (the open item of session 8)."""
+def sweeps(rl, timer, torch, mm) -> None:
+    """The power-limited matmuls against do_bench: with more fillers than the runner's (FILL_DUTY, FILL_MAX): how
+    close each setting comes, and what it costs in wall time (the open item of session 8); then behind launch covers
+    of shorter holds (session 10: the harness read the 4096^3 matmul 5-7% faster than do_bench; the cover spins, at
+    low power, 0.5 ms before each timed call, 2.8x that call)."""
+    kept = rl.FILL_DUTY, rl.FILL_MAX
+
+    def fillers(setting):
+        rl.FILL_DUTY, rl.FILL_MAX = setting
+        return f"fillers {setting[0]} / {setting[1]:g}x"
+
+    sweep(rl, timer, torch, mm, [(0.85, 8.0), (0.92, 16.0), (0.97, 32.0)], fillers)
+    rl.FILL_DUTY, rl.FILL_MAX = kept
+    cover, kept_cover = rl.load_module("_ksearch_launch_cover", str(ROOT / "ksearch_graph" / "_launch_cover.py")), \
+        timer.cover
+
+    def hold(seconds):
+        timer.cover = cover.LaunchCover(timer.flush, seconds)
+        return f"cover hold {seconds * 1e6:.0f} us"
+
+    sweep(rl, timer, torch, mm, COVER_HOLDS_S, hold)
+    timer.cover = kept_cover
+
+
+def sweep(rl, timer, torch, mm, settings, apply) -> None:
+    """20 timed calls on fresh inputs (a SWEEP_GAP_S host gap each) per setting (``apply(setting)`` makes it and
+    names it), against do_bench's mean, per power-limited matmul."""
     import triton.testing
 
-    print(f"\n## Fillers against do_bench (20 timed calls on fresh inputs, {SWEEP_GAP_S * 1e3:g} ms host gap each)")
-    print("| workload | do_bench us | FILL_DUTY / FILL_MAX | median us | diff | burst wall s |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    kept = rl.FILL_DUTY, rl.FILL_MAX
+    print(f"\n## Against do_bench (20 timed calls on fresh inputs, {SWEEP_GAP_S * 1e3:g} ms host gap each)")
+    print("| workload | do_bench us | setting | median us | diff | limited_by | burst wall s | W after |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in (4096, 8192):
         fn, args = mm(n)
         time.sleep(0.5)
@@ -161,8 +187,8 @@ def filler_sweep(rl, timer, torch, mm) -> None:
             time.sleep(SWEEP_GAP_S)
             return mm(n)
 
-        for duty, most in [(0.85, 8.0), (0.92, 16.0), (0.97, 32.0)]:
-            rl.FILL_DUTY, rl.FILL_MAX = duty, most
+        for setting in settings:
+            label = apply(setting)
             time.sleep(0.3)
             t0 = time.perf_counter()
             timer.heat(fn, args, first=True)
@@ -170,9 +196,9 @@ def filler_sweep(rl, timer, torch, mm) -> None:
             wall = time.perf_counter() - t0
             us = sorted(d[1] for d in done)
             median = us[len(us) // 2]
-            print(f"| mm-bf16-{n} | {bench_us:.1f} | {duty} / {most:g} | {median:.1f} | "
-                  f"{100 * (median - bench_us) / bench_us:+.2f}% | {wall:.2f} |")
-    rl.FILL_DUTY, rl.FILL_MAX = kept
+            print(f"| mm-bf16-{n} | {bench_us:.1f} | {label} | {median:.1f} | "
+                  f"{100 * (median - bench_us) / bench_us:+.2f}% | {timer.limited_by} | {wall:.2f} | "
+                  f"{fmt(timer.gauge.power())} |", flush=True)
     torch.cuda.synchronize()
 
 
