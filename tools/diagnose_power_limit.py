@@ -143,48 +143,52 @@ def main() -> None:
 
 # Between timed calls in an evaluation: the judge's round trip for the next seed, input generation, checks, copies.
 SWEEP_GAP_S = 2e-3
-COVER_HOLDS_S = (0.5e-3, 0.25e-3, 0.1e-3)
+# (hold, host gap): session 10's cover sweep kept the 2 ms gap, which idles the GPU before every cover anyway.
+COVER_SETTINGS = ((0.5e-3, SWEEP_GAP_S), (0.1e-3, SWEEP_GAP_S), (0.5e-3, 0.0), (0.1e-3, 0.0))
 
 
 def sweeps(rl, timer, torch, mm) -> None:
     """The power-limited matmuls against do_bench: with more fillers than the runner's (FILL_DUTY, FILL_MAX): how
     close each setting comes, and what it costs in wall time (the open item of session 8); then behind launch covers
-    of shorter holds (session 10: the harness read the 4096^3 matmul 5-7% faster than do_bench; the cover spins, at
-    low power, 0.5 ms before each timed call, 2.8x that call)."""
-    kept = rl.FILL_DUTY, rl.FILL_MAX
+    of shorter holds, with and without the host gap (session 10: the harness read the 4096^3 matmul 5-7% faster than
+    do_bench, near its first heat window's speed; the cover spins, at low power, 0.5 ms before each timed call, 2.8x
+    that call)."""
+    kept, gap = (rl.FILL_DUTY, rl.FILL_MAX), [SWEEP_GAP_S]
 
     def fillers(setting):
         rl.FILL_DUTY, rl.FILL_MAX = setting
         return f"fillers {setting[0]} / {setting[1]:g}x"
 
-    sweep(rl, timer, torch, mm, [(0.85, 8.0), (0.92, 16.0), (0.97, 32.0)], fillers)
+    sweep(rl, timer, torch, mm, [(0.85, 8.0), (0.92, 16.0), (0.97, 32.0)], fillers, gap)
     rl.FILL_DUTY, rl.FILL_MAX = kept
     cover, kept_cover = rl.load_module("_ksearch_launch_cover", str(ROOT / "ksearch_graph" / "_launch_cover.py")), \
         timer.cover
 
-    def hold(seconds):
-        timer.cover = cover.LaunchCover(timer.flush, seconds)
-        return f"cover hold {seconds * 1e6:.0f} us"
+    def hold(setting):
+        timer.cover, gap[0] = cover.LaunchCover(timer.flush, setting[0]), setting[1]
+        return f"cover hold {setting[0] * 1e6:.0f} us, gap {setting[1] * 1e3:g} ms"
 
-    sweep(rl, timer, torch, mm, COVER_HOLDS_S, hold)
+    sweep(rl, timer, torch, mm, COVER_SETTINGS, hold, gap)
     timer.cover = kept_cover
 
 
-def sweep(rl, timer, torch, mm, settings, apply) -> None:
-    """20 timed calls on fresh inputs (a SWEEP_GAP_S host gap each) per setting (``apply(setting)`` makes it and
-    names it), against do_bench's mean, per power-limited matmul."""
+def sweep(rl, timer, torch, mm, settings, apply, gap) -> None:
+    """20 timed calls on fresh inputs (a host gap of ``gap[0]`` s before each) per setting (``apply(setting)`` makes
+    it and names it), against do_bench's mean, per power-limited matmul; with the heat's first and last windows
+    (the calls' speed from a rested GPU, and under their own sustained load)."""
     import triton.testing
 
-    print(f"\n## Against do_bench (20 timed calls on fresh inputs, {SWEEP_GAP_S * 1e3:g} ms host gap each)")
-    print("| workload | do_bench us | setting | median us | diff | limited_by | burst wall s | W after |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n## Against do_bench (20 timed calls on fresh inputs)")
+    print("| workload | do_bench us | setting | median us | diff | heat first / last window us | limited_by "
+          "| burst wall s | W after |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in (4096, 8192):
         fn, args = mm(n)
         time.sleep(0.5)
         bench_us = triton.testing.do_bench(lambda: fn(*args), warmup=50, rep=300, return_mode="mean") * 1e3
 
         def next_call(k, n=n):
-            time.sleep(SWEEP_GAP_S)
+            time.sleep(gap[0])
             return mm(n)
 
         for setting in settings:
@@ -192,13 +196,14 @@ def sweep(rl, timer, torch, mm, settings, apply) -> None:
             time.sleep(0.3)
             t0 = time.perf_counter()
             timer.heat(fn, args, first=True)
+            windows = timer.heat_trace
             done = rl.timed_burst(timer, 20, next_call, filler=(fn, args))
             wall = time.perf_counter() - t0
             us = sorted(d[1] for d in done)
             median = us[len(us) // 2]
             print(f"| mm-bf16-{n} | {bench_us:.1f} | {label} | {median:.1f} | "
-                  f"{100 * (median - bench_us) / bench_us:+.2f}% | {timer.limited_by} | {wall:.2f} | "
-                  f"{fmt(timer.gauge.power())} |", flush=True)
+                  f"{100 * (median - bench_us) / bench_us:+.2f}% | {windows[0][0]:.1f} / {windows[-1][0]:.1f} | "
+                  f"{timer.limited_by} | {wall:.2f} | {fmt(timer.gauge.power())} |", flush=True)
     torch.cuda.synchronize()
 
 
