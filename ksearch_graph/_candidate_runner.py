@@ -511,14 +511,14 @@ class Timer:
             HEAT_MIN_S, UNLIMITED_HEAT_WINDOWS[0])
         gauge = self.gauge if self.gauge is not None and self.gauge.available else None
         windows, started = [], self.perf()
-        limited = seen = gauge is None  # without NVML: limited (the safe side)
+        seen = gauge is None  # without NVML: limited (the safe side), no reading to wait for
         # A power reading counts from the second time it changed since the heat began. NVML refreshes it about every
         # 100 ms (H200), and the first refresh can cover time before the heat (the idle or the previous workload):
         # a 4096^3 bf16 matmul read 490 W at its first refresh, 717 W at its second (session 8). The clock and its
         # reasons lag the load they react to (an H200 still read the power cap 50 ms into a light workload's heat
         # after an 8192^3 matmul's timing), so they count only where the driver has no power reading.
         changes, last = 0, gauge.read()[1] if gauge is not None else None
-        self.heated, self.heat_trace, why = True, [], "no NVML" if limited else None
+        self.heated, self.heat_trace, why = True, [], "no NVML" if gauge is None else None
         peak = 0.0  # the highest power reading that counts (W)
         while self.cuda and self.perf() - started < HEAT_MAX_S:
             done, now = len(self.untimed_us), []

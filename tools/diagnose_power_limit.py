@@ -153,28 +153,28 @@ def sweeps(rl, timer, torch, mm) -> None:
     of shorter holds, with and without the host gap (session 10: the harness read the 4096^3 matmul 5-7% faster than
     do_bench, near its first heat window's speed; the cover spins, at low power, 0.5 ms before each timed call, 2.8x
     that call)."""
-    kept, gap = (rl.FILL_DUTY, rl.FILL_MAX), [SWEEP_GAP_S]
+    kept = rl.FILL_DUTY, rl.FILL_MAX
 
     def fillers(setting):
         rl.FILL_DUTY, rl.FILL_MAX = setting
-        return f"fillers {setting[0]} / {setting[1]:g}x"
+        return f"fillers {setting[0]} / {setting[1]:g}x", SWEEP_GAP_S
 
-    sweep(rl, timer, torch, mm, [(0.85, 8.0), (0.92, 16.0), (0.97, 32.0)], fillers, gap)
+    sweep(rl, timer, torch, mm, [(0.85, 8.0), (0.92, 16.0), (0.97, 32.0)], fillers)
     rl.FILL_DUTY, rl.FILL_MAX = kept
     cover, kept_cover = rl.load_module("_ksearch_launch_cover", str(ROOT / "ksearch_graph" / "_launch_cover.py")), \
         timer.cover
 
     def hold(setting):
-        timer.cover, gap[0] = cover.LaunchCover(timer.flush, setting[0]), setting[1]
-        return f"cover hold {setting[0] * 1e6:.0f} us, gap {setting[1] * 1e3:g} ms"
+        timer.cover = cover.LaunchCover(timer.flush, setting[0])
+        return f"cover hold {setting[0] * 1e6:.0f} us, gap {setting[1] * 1e3:g} ms", setting[1]
 
-    sweep(rl, timer, torch, mm, COVER_SETTINGS, hold, gap)
+    sweep(rl, timer, torch, mm, COVER_SETTINGS, hold)
     timer.cover = kept_cover
 
 
-def sweep(rl, timer, torch, mm, settings, apply, gap) -> None:
-    """20 timed calls on fresh inputs (a host gap of ``gap[0]`` s before each) per setting (``apply(setting)`` makes
-    it and names it), against do_bench's mean, per power-limited matmul; with the heat's first and last windows
+def sweep(rl, timer, torch, mm, settings, apply) -> None:
+    """20 timed calls on fresh inputs per setting (``apply(setting)`` makes it and returns its name and the host gap
+    before each call, in s), against do_bench's mean, per power-limited matmul; with the heat's first and last windows
     (the calls' speed from a rested GPU, and under their own sustained load)."""
     import triton.testing
 
@@ -186,13 +186,13 @@ def sweep(rl, timer, torch, mm, settings, apply, gap) -> None:
         fn, args = mm(n)
         time.sleep(0.5)
         bench_us = triton.testing.do_bench(lambda: fn(*args), warmup=50, rep=300, return_mode="mean") * 1e3
-
-        def next_call(k, n=n):
-            time.sleep(gap[0])
-            return mm(n)
-
         for setting in settings:
-            label = apply(setting)
+            label, gap_s = apply(setting)
+
+            def next_call(k, n=n, gap_s=gap_s):
+                time.sleep(gap_s)
+                return mm(n)
+
             time.sleep(0.3)
             t0 = time.perf_counter()
             timer.heat(fn, args, first=True)
