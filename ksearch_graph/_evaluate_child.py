@@ -90,6 +90,9 @@ torch = None  # imported in evaluate(), after the candidate's process has been s
 SEED_ENV = "KSEARCH_EVAL_SEED"
 AHEAD = "timing the reference while waiting for the job"  # evaluation.py's _AHEAD: no candidate code has run yet
 RESULT_KEY_ENV = "KSEARCH_RESULT_KEY"  # signs the result file, so a forged or overwritten one is recognised
+# A file the judge appends every burst's timed calls to, one JSON line each (who, workload, first call, [device us,
+# tail us, probe us, host us] per call): for diagnosing the timing (tools/diagnose_small_kernel_timing.py --means).
+TRACE_ENV = "KSEARCH_TIMING_TRACE"
 ESCAPE_SLACK_US = 10.0  # device work past a call's end event (median), before it counts as the call's
 CHECK_PROBABILITY = 0.2  # share of timed calls (besides the first and last) whose output is re-checked
 # Timed calls run in bursts (see rl.timed_burst), whose inputs and output copies are kept until the judge has picked
@@ -461,6 +464,7 @@ def _driver_version() -> str | None:
 def runner_env(private_tmp: str) -> dict:
     env = dict(os.environ)
     env.pop(SEED_ENV, None)
+    env.pop(TRACE_ENV, None)  # the judge's
     env["TMPDIR"] = private_tmp
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
@@ -480,6 +484,7 @@ class Judge:
         self.base_seed = int(os.environ.pop(SEED_ENV)) if hidden else secrets.randbits(62)
         self.rng = random.Random(secrets.randbits(64))  # which timed calls get re-checked
         self.timer = timer  # the Session's: made before this process's CUDA context (see rl.CudaRuntime)
+        self.trace_path = os.environ.get(TRACE_ENV)
         self.timer.heated = False  # the first heat here may start from a GPU that cooled while this process waited
         self.min_runs = rl.MIN_RUNS_GPU if DEVICE == "cuda" else rl.MIN_RUNS
         self.ref = load_module("ksearch_reference", os.path.join(args.task, task["reference"]))
@@ -546,6 +551,7 @@ class Judge:
                                       lambda k: call(first + k),  # noqa: B023 (called before the next iteration)
                                       filler=(f, a))
                 times += [us for _, us, *_ in done]
+                self.trace(tag, w["name"], first, [times for _, *times in done])
                 del done
         return {"mean_us": statistics.fmean(times), "runs": len(times)}
 
@@ -598,6 +604,7 @@ class Judge:
                               f"calls) took {untimed:.1f} us, the fastest timed call on fresh inputs "
                               f"{fastest:.1f} us: "
                               "the candidate does less work when it sees inputs again (cached results?)")
+            self.trace("candidate", name, first, timed)
             for us, tail, probe, host_us in timed:
                 if us < 0 or us > host_us * 1.05 + 50:
                     raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) is negative or exceeds the "
@@ -634,6 +641,13 @@ class Judge:
             notes.append(f"{name}: the device stayed busy {extra_us:.0f} us after the call ended on its stream "
                          "(work on another stream?); timed until the whole device was idle")
         return times, notes
+
+    def trace(self, who: str, workload: str, first: int, calls: list) -> None:
+        """One burst's timed calls into the TRACE_ENV file, where one is named."""
+        if self.trace_path:
+            with open(self.trace_path, "a") as f:
+                f.write(json.dumps({"who": who, "workload": workload, "first": first,
+                                    "calls": [[round(v, 2) for v in c] for c in calls]}) + "\n")
 
     # -- checks ----------------------------------------------------------------------------------------------------
 

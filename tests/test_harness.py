@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -563,6 +564,43 @@ def test_the_power_gauge_reads_nvmls_power_clock_and_reasons():
     assert not gauge.read()[0]
 
 
+def test_the_garbage_collector_is_off_from_the_probe_to_the_idle_event_and_back_on_after():
+    """A collection inside a timed call read as device time on an H200 (session 11: a 32 us matmul timed 101-188 us,
+    and tails the escape check charged). Fake CUDA calls log whether the collector is on at each step."""
+    import gc
+
+    from ksearch_graph import _candidate_runner as rl
+
+    rl.load_torch()
+    timer = rl.Timer("cpu")
+    timer.cuda, timer.runtime, seen = True, None, []
+    timer.idle_gap_us = lambda: seen.append(("probe", gc.isenabled())) or 0.0
+    timer.cover = lambda: seen.append(("cover", gc.isenabled()))
+    timer.Event = lambda enable_timing=False: object()
+    timer.record = lambda event: None
+    timer.event_sync = lambda event: seen.append(("idle", gc.isenabled()))
+    timer.sync = lambda: None
+    timer.elapsed = lambda a, b: 0.01
+    gc.enable()
+    try:
+        timer.time(lambda: seen.append(("call", gc.isenabled())), ())
+        assert seen == [("probe", False), ("probe", False), ("cover", False), ("call", False), ("idle", False)]
+        assert gc.isenabled()
+
+        def fails():
+            raise RuntimeError("the candidate's")
+
+        with pytest.raises(RuntimeError):
+            timer.time(fails, ())
+        assert gc.isenabled()  # back on after a call that raised
+
+        gc.disable()  # a process that had it off (the candidate's choice) keeps it off
+        timer.time(lambda: None, ())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_before_the_next_inputs_exist():
     """The order that keeps the checks sound: the idle-device probe, then the launch cover (the L2 flush, then the
     hold), then the call; untimed calls of the candidate (fillers) before the next call's inputs are made, so its
@@ -676,6 +714,27 @@ def test_an_exit_during_timing_is_reported_with_the_candidates_traceback(tmp_pat
         task, {"kernel.py": source}, attempt_id="exit")
     assert r.status == Status.runtime_error and "SystemExit: 3" in r.log_excerpt and "kernel.py" in r.log_excerpt, \
         explain(r)
+
+
+def test_a_timing_trace_has_every_timed_call_of_reference_and_candidate_and_the_candidate_never_sees_it(
+        tmp_path, monkeypatch):
+    """KSEARCH_TIMING_TRACE (for diagnosing the timing) gets each burst's calls from the judge; the candidate's process
+    does not have the variable."""
+    task = write_task(tmp_path / "task")
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("KSEARCH_TIMING_TRACE", str(trace))
+    source = HONEST + "\n\nimport os\nassert 'KSEARCH_TIMING_TRACE' not in os.environ\n"
+    r = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all").evaluate(
+        task, {"kernel.py": source}, attempt_id="traced")
+    assert r.passed, explain(r)
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    for w in r.workloads:
+        for who, runs in (("reference", None), ("candidate", w.runs)):
+            calls = [c for line in lines if (line["who"], line["workload"]) == (who, w.workload) for c in line["calls"]]
+            assert len(calls) >= 3 and all(len(c) == 4 for c in calls), (who, w.workload, calls)
+            if runs is not None:
+                assert len(calls) == runs
+                assert statistics.fmean(c[0] for c in calls) == pytest.approx(w.latency_us, rel=1e-3)
 
 
 def test_reference_timings_are_measured_once_per_session(tmp_path):

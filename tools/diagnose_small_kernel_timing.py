@@ -13,6 +13,20 @@ This prints:
    kernel's own calls first (``Timer.back_to_back``, which warms the host's launch path);
 2. whole evaluations of the cheat task's honest candidate through SubprocessEvaluator.
 
+    python tools/diagnose_small_kernel_timing.py --means   # (~2 min)
+
+Session 11 saw the honest skinny workload read median 31.8-32.5 us in every evaluation of the cheat suite but mean
+31.9-46.0 us (one or two slow calls among 10; scores use means). This prints:
+
+1. whole evaluations at the cheat suite's 0.5 s timing budget and the default 1 s, each with the slow calls (over
+   1.2x the median) of the reference and the candidate from the judge's trace (KSEARCH_TIMING_TRACE);
+2. the candidate's side of a burst in this process (``timed_burst``, each call's seed asked over a pipe of another
+   process as from the judge, its inputs made on the CPU as the task does), 60 calls per variant: as evaluated,
+   Python's garbage collector on in the timed calls (as before session 11), the inputs made ahead (no host work or
+   pipe wait before the call), made on one CPU thread, 1 ms of host spin after them, a 1 or 2 ms launch cover. Per
+   variant: median / mean / max, the escape check's tail - probe, and the slow calls with their tail, probe and
+   host time: which of these the slow calls need says where they come from.
+
 Power-limited kernels (fillers, the heat's verdict, against do_bench) are tools/diagnose_power_limit.py's.
 """
 
@@ -20,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -90,7 +105,8 @@ def idle_study(timer, torch) -> None:
             print(f"| {name} | {idle_ms} ms | " + " | ".join(cells) + " |", flush=True)
 
 
-def evaluations() -> None:
+def evaluations(budgets=(0.5,), count: int = 2) -> None:
+    from ksearch_graph._evaluate_child import TRACE_ENV
     from ksearch_graph.evaluation import SubprocessEvaluator
     from ksearch_graph.task import load_task
 
@@ -102,12 +118,106 @@ def evaluations() -> None:
     (folder / "task.json").write_text(json.dumps(spec))
     task = load_task(folder)
     honest = {"kernel.py": (ROOT / "tests" / "cheats" / "honest.py").read_text()}
-    ev = SubprocessEvaluator(timeout_s=300, time_budget_s=0.5, workloads="all", prestart=False)
-    for i in range(2):
-        r = ev.evaluate(task, honest, attempt_id=f"honest{i}")
-        cells = [f"{w.workload}: median {w.median_us or 0:.1f} us, mean {w.latency_us or 0:.1f} us, reference "
-                 f"{w.reference_us or 0:.1f} us, runs {w.runs}" for w in r.workloads]
-        print(f"evaluation {i + 1}: {r.status.value}; " + "; ".join(cells) + f"; {r.log_excerpt[:200]!r}")
+    trace = folder.parent / "trace.jsonl"
+    os.environ[TRACE_ENV] = str(trace)  # every timed call, from the judge
+    for budget_s in budgets:
+        # Reference timings are not reused: each evaluation times the reference as well.
+        ev = SubprocessEvaluator(timeout_s=300, time_budget_s=budget_s, workloads="all", prestart=False,
+                                 reuse_reference_timings_s=0)
+        for i in range(count):
+            trace.write_text("")
+            r = ev.evaluate(task, honest, attempt_id=f"honest{i}")
+            cells = [f"{w.workload}: median {w.median_us or 0:.1f} us, mean {w.latency_us or 0:.1f} us, std "
+                     f"{w.std_us or 0:.1f} us, reference {w.reference_us or 0:.1f} us, runs {w.runs}"
+                     for w in r.workloads]
+            print(f"budget {budget_s} s, evaluation {i + 1}: {r.status.value}; " + "; ".join(cells)
+                  + f"; {r.log_excerpt[:200]!r}", flush=True)
+            print_slow_calls([json.loads(line) for line in trace.read_text().splitlines()])
+    del os.environ[TRACE_ENV]
+
+
+def print_slow_calls(bursts: list[dict]) -> None:
+    """Per side and workload, the calls over 1.2x the median: (index: device, tail, probe, host us)."""
+    calls = {}
+    for b in bursts:
+        calls.setdefault((b["who"], b["workload"]), []).extend(b["calls"])
+    for (who, workload), done in calls.items():
+        median = statistics.median(c[0] for c in done)
+        slow = [f"{k}: {us:.0f}, {tail:.0f}, {probe:.0f}, {host:.0f}" for k, (us, tail, probe, host) in enumerate(done)
+                if us > 1.2 * median]
+        print(f"    {who} {workload}: {len(done)} calls, median {median:.1f} us, slow: {'; '.join(slow) or '-'}")
+
+
+def burst_study(timer, rl, calls: int = 60) -> None:
+    """The candidate's side of a burst of the skinny workload, in this process (see the module's docstring)."""
+    import gc
+    import subprocess
+
+    make_inputs = rl.load_module("cheat_task_reference", str(ROOT / "tests" / "cheats" / "task" / "reference.py")
+                                 ).make_inputs
+    params = {"m": 16, "k": 4096, "n": 2048}
+    fn = lambda x, w: rl.torch.relu(x @ w)  # noqa: E731  (tests/cheats/honest.py)
+    # The judge's side of the seed round trip: another process that answers each line, as the judge does.
+    echo = subprocess.Popen([sys.executable, "-u", "-c", "import sys\nfor line in sys.stdin: print(line, end='')"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    plain_cover = timer.cover
+    ahead = [make_inputs(params, 1000 + k, "cuda") for k in range(calls)]
+    torch, threads = rl.torch, rl.torch.get_num_threads()
+
+    def asked(k: int) -> tuple:
+        echo.stdin.write(f"{k}\n")
+        return make_inputs(params, int(echo.stdout.readline()), "cuda")
+
+    def one_thread(k: int) -> tuple:
+        torch.set_num_threads(1)
+        try:
+            return asked(k)
+        finally:
+            torch.set_num_threads(threads)
+
+    def host_spun(k: int) -> tuple:
+        inputs = asked(k)
+        timer.sync()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 1e-3:
+            pass
+        return inputs
+
+    # (label, inputs of call k, the cover's hold or None for the harness's own cover)
+    variants = [("as evaluated", asked, None), ("collector on (before session 11)", asked, None),
+                ("inputs made ahead", lambda k: ahead[k], None),
+                (f"inputs on 1 CPU thread (not {threads})", one_thread, None), ("1 ms host spin after inputs",
+                host_spun, None), ("cover 1 ms", asked, 1e-3), ("cover 2 ms", asked, 2e-3)]
+    print(f"{calls} calls each; tail - probe: the escape check's figure (median; calls over 10 us)")
+    print("| variant | median us | mean us | max us | tail - probe | slow calls (k: us, tail, probe, host us) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for label, make, hold_s in variants:
+        timer.cover = _cover(timer, hold_s) if hold_s else plain_cover
+        heat = make_inputs(params, 7, "cuda")
+        timer.heat(fn, heat, first=True)
+        if label.startswith("collector on"):
+            timer.gc_disable = lambda: None
+        try:
+            done = rl.timed_burst(timer, calls, lambda k: (fn, make(k)))
+        finally:
+            timer.gc_disable = gc.disable
+        us = [d[1] for d in done]
+        median = statistics.median(us)
+        escaped = [tail - probe for _, _, tail, probe, _ in done]
+        slow = [f"{k}: {t:.0f}, {tail:.0f}, {probe:.0f}, {host:.0f}" for k, (_, t, tail, probe, host) in enumerate(done)
+                if t > 1.2 * median]
+        print(f"| {label} | {median:.1f} | {statistics.fmean(us):.1f} | {max(us):.0f} | "
+              f"{statistics.median(escaped):.1f} ({sum(e > 10 for e in escaped)}) | {'; '.join(slow) or '-'} |",
+              flush=True)
+    timer.cover = plain_cover
+    echo.stdin.close()
+    echo.wait()
+
+
+def _cover(timer, hold_s: float):
+    from ksearch_graph import _launch_cover
+
+    return _launch_cover.LaunchCover(timer.flush, hold_s)
 
 
 if __name__ == "__main__":
@@ -117,5 +227,9 @@ if __name__ == "__main__":
     timer = rl.Timer("cuda")
     print(f"launch cover: {timer.cover_kind}")
     timer.launch_cover = timer.cover
-    idle_study(timer, rl.torch)
-    evaluations()
+    if "--means" in sys.argv[1:]:
+        evaluations(budgets=(0.5, 1.0), count=3)
+        burst_study(timer, rl)
+    else:
+        idle_study(timer, rl.torch)
+        evaluations()
