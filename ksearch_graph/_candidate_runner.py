@@ -18,6 +18,7 @@ imported lazily for that reason (``unshare`` refuses a process with threads).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import gc
@@ -159,18 +160,6 @@ def as_tensors(value) -> list | None:
     if isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in value):
         return list(value)
     return None
-
-
-def plain(value):
-    """Tensors as plain detached torch.Tensor (a subclass would not pass the judge's unpickler), recursively."""
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-        return t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value] if isinstance(value, list) else tuple(plain(v) for v in value)
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    return value
 
 
 def fingerprint(value) -> list:
@@ -399,6 +388,47 @@ def launch_cover(flush) -> tuple:
         return cover, f"one-thread spin ({type(e).__name__})"
 
 
+class InterpreterHooks:
+    """Ways Python runs a candidate's code between its call's return and the copy of its output with no call of the
+    candidate's in sight: a profile or trace function, a sys.monitoring tool, a garbage-collector callback. Work
+    started there is neither timed nor too late for the copy ("lazy results computed later", EVALUATION.md). No
+    kernel needs one, so the candidate's process keeps what it had before the candidate was imported, and
+    ``disarm`` (right after each of the candidate's calls) removes what was added and names it: the judge fails
+    the candidate as suspicious. What a hook does before ``disarm`` takes effect lands before the call's end event,
+    inside the timed call. Bound here, before any candidate code is imported."""
+
+    def __init__(self):
+        self.getprofile, self.setprofile, self.gettrace, self.settrace = (sys.getprofile, sys.setprofile,
+                                                                          sys.gettrace, sys.settrace)
+        self.profile, self.trace = sys.getprofile(), sys.gettrace()
+        self.callbacks = gc.callbacks  # the collector's own list (rebinding gc.callbacks does not replace it)
+        self.callbacks_before = list(self.callbacks)
+        self.monitoring = getattr(sys, "monitoring", None)  # Python 3.12+
+        self.tools_before = self._tools()
+        self.found: list[str] = []
+
+    def _tools(self) -> set:
+        if self.monitoring is None:
+            return set()
+        return {i for i in range(6) if self.monitoring.get_tool(i) is not None}
+
+    def disarm(self) -> None:
+        found = []
+        if self.getprofile() is not self.profile:
+            self.setprofile(self.profile)
+            found.append("a profile function (sys.setprofile)")
+        if self.gettrace() is not self.trace:
+            self.settrace(self.trace)
+            found.append("a trace function (sys.settrace)")
+        for tool in sorted(self._tools() - self.tools_before):
+            self.monitoring.set_events(tool, 0)
+            found.append(f"a sys.monitoring tool ({self.monitoring.get_tool(tool)!r})")
+        if self.callbacks != self.callbacks_before:
+            self.callbacks[:] = self.callbacks_before
+            found.append("a garbage-collector callback (gc.callbacks)")
+        self.found += [f for f in found if f not in self.found]
+
+
 class Timer:
     """One timed call, done the same way for the reference (in the judge) and the candidate (here).
 
@@ -414,6 +444,7 @@ class Timer:
         self.perf = time.perf_counter
         # Python's garbage collector stays off through each timed call (see time); bound here like the CUDA calls.
         self.gc_disable, self.gc_enable, self.gc_isenabled = gc.disable, gc.enable, gc.isenabled
+        self.hooks: InterpreterHooks | None = None  # the candidate's process sets one (see InterpreterHooks)
         self.zero_ = torch.Tensor.zero_
         self.untimed_us: list[float] = []  # device times of heat and filler calls, for the caller's consistency check
         self.heated = False  # the first heat of this process may start from a cool GPU
@@ -455,13 +486,26 @@ class Timer:
         long (session 7); the second of two is warmer.
         """
         # A collection of a process that has imported torch takes up to ~1 ms. Within a timed call it fell between
-        # the launch cover and the call's launch (a 32 us matmul read 101-188 us, its host 630-720 us past the
+        # the launch cover and the call's launch (a 32 us matmul read 101-191 us, its host 570-730 us past the
         # cover) or between the synchronize and the idle event (a tail the escape check charged: an honest 32 us
         # matmul read 64 us in 2 of 3 evaluations on an H200, session 11). The collector runs between calls instead.
+        with self.collector_off():
+            return self._time(fn, args)
+
+    def time_and_copy(self, fn, args) -> tuple:
+        """``time``, then the output's ``snapshot``, with the collector off from the first to the last: a collection
+        between them would run the candidate's gc.callbacks, which could finish the output, untimed, before the
+        copy (InterpreterHooks names them too)."""
+        with self.collector_off():
+            out, *times = self._time(fn, args)
+            return (snapshot(out, self.sync), *times)
+
+    @contextlib.contextmanager
+    def collector_off(self):
         collecting = self.gc_isenabled()
         self.gc_disable()
         try:
-            return self._time(fn, args)
+            yield
         finally:
             if collecting:
                 self.gc_enable()
@@ -471,6 +515,8 @@ class Timer:
             t0 = self.perf()
             out = fn(*args)
             us = (self.perf() - t0) * 1e6
+            if self.hooks is not None:
+                self.hooks.disarm()
             return out, us, 0.0, 0.0, us
         if self.runtime is not None:
             self.runtime.reset_persisting_l2()
@@ -480,6 +526,8 @@ class Timer:
         h0 = self.perf()
         self.record(start)
         out = fn(*args)
+        if self.hooks is not None:  # first: what a hook does before this is timed (see InterpreterHooks)
+            self.hooks.disarm()
         self.record(end)
         self.sync()  # waits for every stream of the device
         h1 = self.perf()
@@ -611,10 +659,9 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> 
             timer.fill(*filler, gap_s, done[-1][1])
         t0 = timer.perf()
         fn, args = next_call(k)
-        out, *times = timer.time(fn, args)
+        done.append(timer.time_and_copy(fn, args))
+        times = done[-1][1:]
         del fn, args
-        done.append((snapshot(out, timer.sync), *times))
-        del out
         if seen is not None:
             seen(done[-1][0])
         gap_s = max(0.0, timer.perf() - t0 - times[0] * 1e-6)  # times[0]: the call's device time
@@ -623,11 +670,20 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> 
 
 def snapshot(out, sync):
     """A copy taken right after the device went idle: work that writes the output later does not count. A name
-    for what is not a tensor or a tuple/list of tensors (the judge reports the type)."""
-    got = as_tensors(out)
-    if got is None:
+    for what is not a tensor or a tuple/list of tensors (the judge reports the type).
+
+    Copied without running the candidate's code: a tensor subclass (its __torch_function__ or __torch_dispatch__
+    would run on the copy) is refused, and a list or tuple subclass is read through the base type's iterator."""
+    if isinstance(out, (list, tuple)):
+        items = list(tuple.__iter__(out) if isinstance(out, tuple) else list.__iter__(out))
+    else:
+        items = [out]
+    if not all(isinstance(t, torch.Tensor) for t in items):
         return type(out).__name__
-    copies = [plain(t).clone() for t in got]
+    odd = next((t for t in items if type(t) is not torch.Tensor), None)
+    if odd is not None:
+        return f"a {type(odd).__name__} (a torch.Tensor subclass: return plain tensors)"
+    copies = [t.detach().clone() for t in items]
     sync()
     return tuple(copies) if isinstance(out, (list, tuple)) else copies[0]
 
@@ -763,6 +819,8 @@ class Runner:
     def flags(self) -> dict:
         flags = {"reference_calls": self.reference_calls, "power_limited": bool(self.timer.cuda and self.timer.limited),
                  "heat_s": self.timer.spent_s["heat"], "fill_s": self.timer.spent_s["fill"]}
+        if self.timer.hooks is not None and self.timer.hooks.found:
+            flags["interpreter_hooks"] = list(self.timer.hooks.found)
         runtime = self.timer.runtime
         if runtime is not None:
             now = runtime.persisting_l2_bytes()
@@ -843,6 +901,8 @@ class Runner:
         try:
             t0 = self.timer.perf()
             out = fn(*args)
+            if self.timer.hooks is not None:
+                self.timer.hooks.disarm()
             self.timer.sync()  # asynchronous CUDA errors surface here, and belong to this call
             seconds = self.timer.perf() - t0
             if op == "warm":
@@ -905,6 +965,7 @@ def main() -> None:
         reference_module = load_module("ksearch_task_inputs", cfg["reference"])
         sys.path[0] = cfg["candidate"]  # was the harness's folder; candidates may import their own helper modules
         progress("import candidate")
+        timer.hooks = InterpreterHooks()  # what the process has before the candidate's code first runs
         t0 = time.perf_counter()
         entry = load_candidate(cfg)
         compile_s = time.perf_counter() - t0

@@ -551,7 +551,7 @@ class Judge:
                                       lambda k: call(first + k),  # noqa: B023 (called before the next iteration)
                                       filler=(f, a))
                 times += [us for _, us, *_ in done]
-                self.trace(tag, w["name"], first, [times for _, *times in done])
+                self.trace(tag, w["name"], first, [call_times for _, *call_times in done])
                 del done
         return {"mean_us": statistics.fmean(times), "runs": len(times)}
 
@@ -644,10 +644,15 @@ class Judge:
 
     def trace(self, who: str, workload: str, first: int, calls: list) -> None:
         """One burst's timed calls into the TRACE_ENV file, where one is named."""
-        if self.trace_path:
+        if not self.trace_path:
+            return
+        try:
             with open(self.trace_path, "a") as f:
                 f.write(json.dumps({"who": who, "workload": workload, "first": first,
                                     "calls": [[round(v, 2) for v in c] for c in calls]}) + "\n")
+        except OSError as e:  # a diagnostic: it must not fail the evaluation
+            progress(f"timing trace off: cannot write {self.trace_path}: {e}")
+            self.trace_path = None
 
     # -- checks ----------------------------------------------------------------------------------------------------
 
@@ -668,6 +673,11 @@ class Judge:
         return max_err, max_rel
 
     def check_flags(self, flags: dict, where: str) -> None:
+        hooks = flags.get("interpreter_hooks")
+        if hooks:
+            named = ", ".join(str(h) for h in hooks) if isinstance(hooks, list) else str(hooks)
+            raise Failure("suspicious", f"{where}: the candidate installed {named[:300]}: Python would run its code "
+                          "between a call's return and the copy of its output, untimed")
         if flags.get("persisting_l2_bytes"):
             raise Failure("suspicious", f"{where}: the candidate reserved {flags['persisting_l2_bytes']} bytes of "
                           "persisting L2 cache, which survives the harness's cache flush")

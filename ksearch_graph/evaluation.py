@@ -434,6 +434,8 @@ class SubprocessEvaluator:
         env["KSEARCH_EVAL_SEED"] = str(secrets.randbits(62))  # fresh input sets for every evaluation
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["KSEARCH_PARENT_PID"] = str(os.getpid())  # the child dies with us (a killed search leaves no orphan)
+        if env.get("KSEARCH_TIMING_TRACE"):  # the judge runs in the candidate's folder: a relative path would land there
+            env["KSEARCH_TIMING_TRACE"] = os.path.abspath(env["KSEARCH_TIMING_TRACE"])
         return env
 
     def _limit(self, pid: int) -> None:

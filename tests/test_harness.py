@@ -594,6 +594,16 @@ def test_the_garbage_collector_is_off_from_the_probe_to_the_idle_event_and_back_
             timer.time(fails, ())
         assert gc.isenabled()  # back on after a call that raised
 
+        # time_and_copy keeps it off through the output's copy too: a collection there would run gc.callbacks
+        seen.clear()
+        real_snapshot = rl.snapshot
+        rl.snapshot = lambda out, sync: seen.append(("copy", gc.isenabled())) or out
+        try:
+            assert timer.time_and_copy(lambda: 7, ())[0] == 7
+        finally:
+            rl.snapshot = real_snapshot
+        assert seen[-1] == ("copy", False) and gc.isenabled()
+
         gc.disable()  # a process that had it off (the candidate's choice) keeps it off
         timer.time(lambda: None, ())
         assert not gc.isenabled()
@@ -626,7 +636,7 @@ def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_bef
         def fill(self, fn, args, gap_s, call_us):
             log.append("fill")
 
-        def time(self, fn, args):
+        def time_and_copy(self, fn, args):
             log.append("time")
             return None, 5.0, 0.0, 0.0, 6.0
 
@@ -735,6 +745,12 @@ def test_a_timing_trace_has_every_timed_call_of_reference_and_candidate_and_the_
             if runs is not None:
                 assert len(calls) == runs
                 assert statistics.fmean(c[0] for c in calls) == pytest.approx(w.latency_us, rel=1e-3)
+
+    # A path that cannot be written turns the trace off; the evaluation goes on.
+    monkeypatch.setenv("KSEARCH_TIMING_TRACE", str(tmp_path / "no-such-folder" / "trace.jsonl"))
+    r = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all").evaluate(
+        task, {"kernel.py": source}, attempt_id="untraced")
+    assert r.passed, explain(r)
 
 
 def test_reference_timings_are_measured_once_per_session(tmp_path):
