@@ -26,11 +26,13 @@ import hashlib
 import importlib.util
 import math
 import os
+import signal
 import sys
 import time
 import traceback
 
 torch = None  # imported by load_torch(), after the network namespace is gone
+_CLONE = _DETACH = _TENSOR = _NO_TORCH_FUNCTION = None  # what snapshot uses, bound by load_torch()
 
 MIN_RUNS, MAX_RUNS = 3, 100
 MIN_RUNS_GPU = 10  # three steady samples can all come from one clock state (seen on the H200: 157 vs 133 us)
@@ -82,12 +84,16 @@ PROGRESS = "[ksearch-eval] "
 
 
 def load_torch():
-    global torch
+    global torch, _CLONE, _DETACH, _TENSOR, _NO_TORCH_FUNCTION
     if torch is None:
         import torch as _torch
         import torch.multiprocessing  # noqa: F401  (registers the IPC reductions on ForkingPickler)
 
         torch = _torch
+        # What copies outputs (snapshot), bound before any candidate code runs: a candidate that replaces
+        # torch.Tensor.clone could finish its output inside the copy (tests/cheats/patch_clone.py).
+        _CLONE, _DETACH, _TENSOR = torch.Tensor.clone, torch.Tensor.detach, torch.Tensor
+        _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
     return torch
 
 
@@ -390,12 +396,14 @@ def launch_cover(flush) -> tuple:
 
 class InterpreterHooks:
     """Ways Python runs a candidate's code between its call's return and the copy of its output with no call of the
-    candidate's in sight: a profile or trace function, a sys.monitoring tool, a garbage-collector callback. Work
-    started there is neither timed nor too late for the copy ("lazy results computed later", EVALUATION.md). No
-    kernel needs one, so the candidate's process keeps what it had before the candidate was imported, and
-    ``disarm`` (right after each of the candidate's calls) removes what was added and names it: the judge fails
-    the candidate as suspicious. What a hook does before ``disarm`` takes effect lands before the call's end event,
-    inside the timed call. Bound here, before any candidate code is imported."""
+    candidate's in sight: a profile or trace function, a sys.monitoring tool, a garbage-collector callback, a signal
+    handler, a torch function or dispatch mode. Work started there is neither timed nor too late for the copy
+    ("lazy results computed later", EVALUATION.md). No kernel needs one, so ``disarm`` (right after each of the
+    candidate's calls, before the end event: what a hook does before it is timed) names what was added since the
+    candidate was imported, and removes the Python-level hooks; the judge fails the candidate as suspicious. Not
+    covered: a thread of the candidate's that installs a hook in this thread after ``disarm`` and removes it
+    before the next one (threading.setprofile_all_threads), a race like lazy_thread's. Bound here, before any
+    candidate code is imported."""
 
     def __init__(self):
         self.getprofile, self.setprofile, self.gettrace, self.settrace = (sys.getprofile, sys.setprofile,
@@ -405,6 +413,14 @@ class InterpreterHooks:
         self.callbacks_before = list(self.callbacks)
         self.monitoring = getattr(sys, "monitoring", None)  # Python 3.12+
         self.tools_before = self._tools()
+        # Python runs a signal handler between any two bytecodes (a timer the candidate armed, a signal from its own
+        # thread or child); torch runs a function or dispatch mode's code on every torch call, the copy's too.
+        self.getsignal = signal.getsignal
+        self.signals = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
+        self.handlers_before = [self.getsignal(s) for s in self.signals]
+        self.function_modes = torch._C._len_torch_function_stack
+        self.dispatch_modes = torch._C._len_torch_dispatch_stack
+        self.modes_before = (self.function_modes(), self.dispatch_modes())
         self.found: list[str] = []
 
     def _tools(self) -> set:
@@ -426,6 +442,12 @@ class InterpreterHooks:
         if self.callbacks != self.callbacks_before:
             self.callbacks[:] = self.callbacks_before
             found.append("a garbage-collector callback (gc.callbacks)")
+        handlers = [self.getsignal(s) for s in self.signals]
+        if handlers != self.handlers_before:  # left in place: the default action of a signal it armed may be to exit
+            found += [f"a handler for signal {s}" for s, now, before in zip(self.signals, handlers,
+                                                                           self.handlers_before) if now is not before]
+        if (self.function_modes(), self.dispatch_modes()) != self.modes_before:
+            found.append("a torch function or dispatch mode left entered")  # the evaluation fails: left as it is
         self.found += [f for f in found if f not in self.found]
 
 
@@ -678,12 +700,13 @@ def snapshot(out, sync):
         items = list(tuple.__iter__(out) if isinstance(out, tuple) else list.__iter__(out))
     else:
         items = [out]
-    if not all(isinstance(t, torch.Tensor) for t in items):
+    if not all(isinstance(t, _TENSOR) for t in items):
         return type(out).__name__
-    odd = next((t for t in items if type(t) is not torch.Tensor), None)
+    odd = next((t for t in items if type(t) is not _TENSOR), None)
     if odd is not None:
         return f"a {type(odd).__name__} (a torch.Tensor subclass: return plain tensors)"
-    copies = [t.detach().clone() for t in items]
+    with _NO_TORCH_FUNCTION():  # a torch function mode the candidate entered would run here
+        copies = [_CLONE(_DETACH(t)) for t in items]
     sync()
     return tuple(copies) if isinstance(out, (list, tuple)) else copies[0]
 

@@ -77,7 +77,8 @@ CPU_CANDIDATES = [
     "zeros", "returns_input", "uninitialised", "cache_pointer", "gc_search", "writes_input", "lower_precision",
     "calls_reference", "steal_secrets", "honest",
     "patch_timers", "cache_content", "warmup_detector", "burst_detector", "work_ahead", "future_seeds",
-    "fix_up_outputs", "gc_callback", "profile_hook", "event_hook", "tensor_subclass", "lazy_list",
+    "fix_up_outputs", "gc_callback", "profile_hook", "event_hook", "signal_later", "function_mode",
+    "tensor_subclass", "lazy_list", "patch_clone",
     "segfault", "exit_early", "forge_result", "forge_later", "memory_hog", "sys_exit", "keyboard_interrupt", "orphan",
     "network",
     "honest_again",
@@ -371,19 +372,20 @@ def test_a_cache_gains_nothing(evaluations, honest, name):
     assert_no_timing_gain(evaluations[name], honest)
 
 
-@pytest.mark.parametrize("name", ["gc_callback", "profile_hook", "event_hook"])
+@pytest.mark.parametrize("name", ["gc_callback", "profile_hook", "event_hook", "signal_later", "function_mode"])
 def test_an_interpreter_hook_is_suspicious(evaluations, name):
     """Hooks through which Python would run the candidate's code after its call returned, before the harness copied
     the output (a lazy result, computed untimed): a garbage-collector callback, a profile function, a sys.monitoring
-    tool or a trace function. No kernel needs one."""
+    tool or a trace function, a signal handler, a torch function mode. No kernel needs one."""
     r = evaluations[name]
     assert r.status == Status.suspicious and "the candidate installed" in r.log_excerpt, show(r)
 
 
-@pytest.mark.parametrize("name", ["tensor_subclass", "lazy_list"])
+@pytest.mark.parametrize("name", ["tensor_subclass", "lazy_list", "patch_clone"])
 def test_an_output_that_computes_itself_when_read_does_not_pass(evaluations, honest, name):
-    """A tensor subclass (its __torch_function__) or a list subclass (its __iter__) that computes the result when the
-    harness reads it: the harness copies outputs without running candidate code."""
+    """A tensor subclass (its __torch_function__), a list subclass (its __iter__) or a patched torch.Tensor.clone
+    that computes the result when the harness reads or copies it: the harness copies outputs without running
+    candidate code."""
     r = evaluations[name]
     assert r.status in WRONG and r.score == 0, show(r)
 
