@@ -396,59 +396,91 @@ def launch_cover(flush) -> tuple:
 
 class InterpreterHooks:
     """Ways Python runs a candidate's code between its call's return and the copy of its output with no call of the
-    candidate's in sight: a profile or trace function, a sys.monitoring tool, a garbage-collector callback, a signal
-    handler, a torch function or dispatch mode. Work started there is neither timed nor too late for the copy
-    ("lazy results computed later", EVALUATION.md). No kernel needs one, so ``disarm`` (right after each of the
-    candidate's calls, before the end event: what a hook does before it is timed) names what was added since the
-    candidate was imported, and removes the Python-level hooks; the judge fails the candidate as suspicious. Not
-    covered: a thread of the candidate's that installs a hook in this thread after ``disarm`` and removes it
-    before the next one (threading.setprofile_all_threads), a race like lazy_thread's. Bound here, before any
-    candidate code is imported."""
+    candidate's in sight ("lazy results computed later", EVALUATION.md): a profile or trace function (also one set
+    from C), a sys.monitoring tool, a garbage-collector callback, a signal handler, torch function or dispatch modes,
+    dynamo's frame callback, a Python kernel registered for an aten operator (the copy's clone). No kernel needs
+    one, so ``disarm``, right after each of the candidate's calls and before its end event (what a hook does before
+    is timed), names what was added since the candidate was imported, and resets what it can; the judge fails the
+    candidate as suspicious. Bound here, before any candidate code is imported.
+
+    Not covered (BENCHMARKS.md, session 11): a thread of the candidate's that installs a hook in this thread after
+    ``disarm`` (this thread releases the GIL while it waits for the device), and kernels registered for aten
+    operators from C++. The fix for the whole class is a copy queued on the device right behind the end event, made
+    without torch's dispatcher; it changes the escape check, so it waits for a GPU run."""
 
     def __init__(self):
+        import _signal  # signal.getsignal is Python code a candidate can patch; this is the C function
+
         self.getprofile, self.setprofile, self.gettrace, self.settrace = (sys.getprofile, sys.setprofile,
                                                                           sys.gettrace, sys.settrace)
         self.profile, self.trace = sys.getprofile(), sys.gettrace()
         self.callbacks = gc.callbacks  # the collector's own list (rebinding gc.callbacks does not replace it)
         self.callbacks_before = list(self.callbacks)
         self.monitoring = getattr(sys, "monitoring", None)  # Python 3.12+
-        self.tools_before = self._tools()
-        # Python runs a signal handler between any two bytecodes (a timer the candidate armed, a signal from its own
-        # thread or child); torch runs a function or dispatch mode's code on every torch call, the copy's too.
-        self.getsignal = signal.getsignal
+        self.monitored_before = self._monitored()
+        self.getsignal = _signal.getsignal
         self.signals = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
         self.handlers_before = [self.getsignal(s) for s in self.signals]
         self.function_modes = torch._C._len_torch_function_stack
         self.dispatch_modes = torch._C._len_torch_dispatch_stack
         self.modes_before = (self.function_modes(), self.dispatch_modes())
+        try:
+            from torch._C._dynamo import eval_frame
+            self.get_frame_callback, self.set_frame_callback = (eval_frame.get_eval_frame_callback,
+                                                                eval_frame.set_eval_frame)
+        except (ImportError, AttributeError):
+            self.get_frame_callback = self.set_frame_callback = None
+        self.frame_callback = self.get_frame_callback() if self.get_frame_callback else None
+        library = importlib.import_module("torch.library")
+        self.library_impls = getattr(library, "_impls", set())  # "namespace/op/dispatch key" from Python
+        self.impls_seen = set(self.library_impls)  # torch registers more itself (torch.compile: ~200, Meta mostly)
         self.found: list[str] = []
 
-    def _tools(self) -> set:
+    def _monitored(self) -> list:
+        """Per sys.monitoring tool: its name and its global events (a freed tool's events stay live)."""
         if self.monitoring is None:
-            return set()
-        return {i for i in range(6) if self.monitoring.get_tool(i) is not None}
+            return []
+        return [(self.monitoring.get_tool(t), self.monitoring.get_events(t)) for t in range(6)]
 
     def disarm(self) -> None:
         found = []
-        if self.getprofile() is not self.profile:
-            self.setprofile(self.profile)
-            found.append("a profile function (sys.setprofile)")
-        if self.gettrace() is not self.trace:
-            self.settrace(self.trace)
-            found.append("a trace function (sys.settrace)")
-        for tool in sorted(self._tools() - self.tools_before):
-            self.monitoring.set_events(tool, 0)
-            found.append(f"a sys.monitoring tool ({self.monitoring.get_tool(tool)!r})")
+        if self.getprofile() is not self.profile or self.gettrace() is not self.trace:
+            found.append("a profile or trace function (sys.setprofile / sys.settrace)")
+        # Always reset: one set from C (PyEval_SetProfile) is invisible to sys.getprofile.
+        self.setprofile(self.profile)
+        self.settrace(self.trace)
+        if self._monitored() != self.monitored_before:
+            found.append("a sys.monitoring tool")
         if self.callbacks != self.callbacks_before:
             self.callbacks[:] = self.callbacks_before
             found.append("a garbage-collector callback (gc.callbacks)")
-        handlers = [self.getsignal(s) for s in self.signals]
-        if handlers != self.handlers_before:  # left in place: the default action of a signal it armed may be to exit
-            found += [f"a handler for signal {s}" for s, now, before in zip(self.signals, handlers,
-                                                                           self.handlers_before) if now is not before]
+        # Compared by identity: a handler's __eq__ is the candidate's. Left in place: the default action of a
+        # signal the candidate armed may be to end the process before the judge hears why.
+        found += [f"a handler for signal {s}" for s, before in zip(self.signals, self.handlers_before)
+                  if self.getsignal(s) is not before]
         if (self.function_modes(), self.dispatch_modes()) != self.modes_before:
-            found.append("a torch function or dispatch mode left entered")  # the evaluation fails: left as it is
+            found.append("a torch function or dispatch mode left entered")
+        if self.get_frame_callback is not None and self.get_frame_callback() is not self.frame_callback:
+            self.set_frame_callback(self.frame_callback)
+            found.append("a frame evaluation callback (torch._C._dynamo.eval_frame.set_eval_frame)")
+        if len(self.library_impls) != len(self.impls_seen):
+            added = set(self.library_impls) - self.impls_seen
+            self.impls_seen |= added
+            if any(_copies_output(key) for key in added):
+                found.append("a Python kernel for an operator that copies tensors (torch.library)")
         self.found += [f for f in found if f not in self.found]
+
+
+# The aten operators a copy of an output goes through (snapshot: detach, clone; clone: empty_like, empty_strided or
+# empty, copy_).
+_COPY_OPS = {"alias", "clone", "copy_", "detach", "empty", "empty_like", "empty_strided", "_to_copy"}
+
+
+def _copies_output(library_key: str) -> bool:
+    """A torch.library registration ("namespace/op.overload/dispatch key") that would run inside the copy; Meta
+    kernels only compute shapes (torch.compile registers some for these operators itself)."""
+    namespace, op, key = (library_key.split("/") + ["", "", ""])[:3]
+    return namespace == "aten" and op.split(".")[0] in _COPY_OPS and key != "Meta"
 
 
 class Timer:
@@ -536,9 +568,10 @@ class Timer:
         if not self.cuda:
             t0 = self.perf()
             out = fn(*args)
-            us = (self.perf() - t0) * 1e6
+            self.gc_disable()  # the candidate may have turned it on (see time_and_copy)
             if self.hooks is not None:
                 self.hooks.disarm()
+            us = (self.perf() - t0) * 1e6
             return out, us, 0.0, 0.0, us
         if self.runtime is not None:
             self.runtime.reset_persisting_l2()
@@ -548,6 +581,7 @@ class Timer:
         h0 = self.perf()
         self.record(start)
         out = fn(*args)
+        self.gc_disable()  # the candidate may have turned it on (see time_and_copy)
         if self.hooks is not None:  # first: what a hook does before this is timed (see InterpreterHooks)
             self.hooks.disarm()
         self.record(end)

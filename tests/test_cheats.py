@@ -78,7 +78,8 @@ CPU_CANDIDATES = [
     "calls_reference", "steal_secrets", "honest",
     "patch_timers", "cache_content", "warmup_detector", "burst_detector", "work_ahead", "future_seeds",
     "fix_up_outputs", "gc_callback", "profile_hook", "event_hook", "signal_later", "function_mode",
-    "tensor_subclass", "lazy_list", "patch_clone",
+    "tensor_subclass", "lazy_list", "patch_clone", "gc_reenable", "c_profile", "signal_disguise", "frame_callback",
+    "library_clone",
     "segfault", "exit_early", "forge_result", "forge_later", "memory_hog", "sys_exit", "keyboard_interrupt", "orphan",
     "network",
     "honest_again",
@@ -372,7 +373,8 @@ def test_a_cache_gains_nothing(evaluations, honest, name):
     assert_no_timing_gain(evaluations[name], honest)
 
 
-@pytest.mark.parametrize("name", ["gc_callback", "profile_hook", "event_hook", "signal_later", "function_mode"])
+@pytest.mark.parametrize("name", ["gc_callback", "profile_hook", "event_hook", "signal_later", "function_mode",
+                                  "signal_disguise", "frame_callback", "library_clone"])
 def test_an_interpreter_hook_is_suspicious(evaluations, name):
     """Hooks through which Python would run the candidate's code after its call returned, before the harness copied
     the output (a lazy result, computed untimed): a garbage-collector callback, a profile function, a sys.monitoring
@@ -381,11 +383,12 @@ def test_an_interpreter_hook_is_suspicious(evaluations, name):
     assert r.status == Status.suspicious and "the candidate installed" in r.log_excerpt, show(r)
 
 
-@pytest.mark.parametrize("name", ["tensor_subclass", "lazy_list", "patch_clone"])
+@pytest.mark.parametrize("name", ["tensor_subclass", "lazy_list", "patch_clone", "gc_reenable", "c_profile"])
 def test_an_output_that_computes_itself_when_read_does_not_pass(evaluations, honest, name):
     """A tensor subclass (its __torch_function__), a list subclass (its __iter__) or a patched torch.Tensor.clone
     that computes the result when the harness reads or copies it: the harness copies outputs without running
-    candidate code."""
+    candidate code. The collector turned back on, or a profile function set from C (invisible to
+    sys.getprofile), are turned off again right after the call."""
     r = evaluations[name]
     assert r.status in WRONG and r.score == 0, show(r)
 
