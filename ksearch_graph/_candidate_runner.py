@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import time
+import types
 import traceback
 
 torch = None  # imported by load_torch(), after the network namespace is gone
@@ -403,10 +404,11 @@ class InterpreterHooks:
     is timed), names what was added since the candidate was imported, and resets what it can; the judge fails the
     candidate as suspicious. Bound here, before any candidate code is imported.
 
-    Not covered (BENCHMARKS.md, session 11): a thread of the candidate's that installs a hook in this thread after
-    ``disarm`` (this thread releases the GIL while it waits for the device), and kernels registered for aten
-    operators from C++. The fix for the whole class is a copy queued on the device right behind the end event, made
-    without torch's dispatcher; it changes the escape check, so it waits for a GPU run."""
+    A thread of the candidate's can install a hook after ``disarm`` (this thread releases the GIL while it waits for
+    the device), so ``recheck`` looks again once the output is copied: a hook that was there then is found. Not
+    covered (BENCHMARKS.md, session 11): such a hook that removes itself before ``recheck``, and kernels registered
+    for aten operators from C++. The fix for the whole class is a copy queued on the device right behind the end
+    event, made without torch's dispatcher; it changes the escape check, so it waits for a GPU run."""
 
     def __init__(self):
         import _signal  # signal.getsignal is Python code a candidate can patch; this is the C function
@@ -470,6 +472,77 @@ class InterpreterHooks:
                 found.append("a Python kernel for an operator that copies tensors (torch.library)")
         self.found += [f for f in found if f not in self.found]
 
+    def recheck(self, collecting: bool) -> None:
+        """``disarm`` again after the output's copy; ``collecting``: the garbage collector was on before the copy,
+        which only a thread of the candidate's does while this thread waits (the collector is off from the call on;
+        its callbacks could have finished the output inside the copy)."""
+        if collecting and "the garbage collector turned on while the harness waited" not in self.found:
+            self.found.append("the garbage collector turned on while the harness waited")
+        self.disarm()
+
+
+class LibraryPatches:
+    """The functions of torch and Triton that the harness's own steps go through, as they were before the candidate
+    was imported ("monkey-patching the timer", EVALUATION.md). A candidate that replaced one runs its code where its
+    inputs already exist and no timer runs: torch.randn inside the task's ``make_inputs``, torch.cuda.Event.__new__
+    or torch.cuda.current_stream (which Event.record looks up) before the start event, Triton's launcher before the
+    launch cover; it could compute its output there (tests/cheats/patch_inputs.py, patch_stream.py). No kernel needs
+    to, so ``found()`` names what was replaced and the judge fails the candidate as suspicious.
+
+    Modules: their functions and classes, by identity (submodules torch adds lazily are not replacements). Classes:
+    the same through their whole MRO, plus a name added to a class that hides a base class's (torch.Tensor over
+    TensorBase). Objects (Triton's driver): every attribute set. torch itself replaces one when torch._dynamo is
+    imported (torch.manual_seed, wrapped to keep dynamo out): a wrapper of torch's own code whose ``__wrapped__`` is
+    the original is not a replacement."""
+
+    def __init__(self):
+        import torch.nn.functional as F
+
+        spaces = [("torch", torch), ("torch.nn.functional", F), ("torch.random", torch.random),
+                  ("torch.cuda", torch.cuda), ("torch.Tensor", torch.Tensor), ("torch.cuda.Event", torch.cuda.Event),
+                  ("torch.cuda.Stream", torch.cuda.Stream)]
+        triton = sys.modules.get("triton.runtime.driver")  # imported by the launch cover, on CUDA
+        if triton is not None:
+            jit, compiler = sys.modules.get("triton.runtime.jit"), sys.modules.get("triton.compiler.compiler")
+            spaces += [("triton.runtime.driver", triton), ("triton driver config", triton.driver)]
+            active = getattr(triton.driver, "_active", None)
+            if active is not None:
+                spaces += [("triton's active driver", active), ("triton's active driver", type(active))]
+            spaces += [(f"{m.__name__}.{c}", getattr(m, c)) for m, names in (
+                (jit, ("JITFunction", "KernelInterface")), (compiler, ("CompiledKernel",))) if m is not None
+                for c in names if hasattr(m, c)]
+        self.torch_root = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        self.kept = []  # (label, namespace dict (live), {name: value before}, names before, names its bases define)
+        for label, space in spaces:
+            if isinstance(space, type):
+                mro = space.__mro__[:-1]  # object's own slots are not ours to watch
+                for i, klass in enumerate(mro):
+                    self.kept.append((f"{label} ({klass.__name__})" if klass is not space else label, vars(klass),
+                                      {k: v for k, v in vars(klass).items() if callable(v)}, set(vars(klass)),
+                                      set().union(*(vars(base) for base in mro[i + 1:]))))
+            elif isinstance(space, types.ModuleType):
+                self.kept.append((label, vars(space), {k: v for k, v in vars(space).items() if callable(v)
+                                                       and not isinstance(v, types.ModuleType)}, None, None))
+            else:  # an attribute still None (not made yet) is not watched: Triton fills some in lazily
+                self.kept.append((label, vars(space), {k: v for k, v in vars(space).items() if v is not None},
+                                  None, None))
+
+    def _torch_wrapper(self, value, before) -> bool:
+        code = getattr(value, "__code__", None)
+        return (getattr(value, "__wrapped__", None) is before and code is not None
+                and os.path.abspath(code.co_filename).startswith(self.torch_root))
+
+    def found(self) -> list[str]:
+        out = []
+        for label, now, before, names, hidden in self.kept:
+            for name, value in before.items():
+                current = now.get(name, value)  # deleted: what was there is no longer called, nothing runs
+                if current is not value and not self._torch_wrapper(current, value):
+                    out.append(f"{label}.{name}")
+            if names is not None and len(now) != len(names):
+                out += [f"{label}.{name}" for name in set(now) - names if name in hidden]
+        return out
+
 
 # The aten operators a copy of an output goes through (snapshot: detach, clone; clone: empty_like, empty_strided or
 # empty, copy_).
@@ -510,13 +583,25 @@ class Timer:
         self.spent_s = {"heat": 0.0, "fill": 0.0}  # wall time of heats and fillers, for the evaluation's breakdown
         self.gauge = None  # PowerGauge on CUDA
         if self.cuda:
-            self.Event = torch.cuda.Event
-            self.record = torch.cuda.Event.record
-            self.elapsed = torch.cuda.Event.elapsed_time
-            self.event_sync = torch.cuda.Event.synchronize
-            self.sync = torch.cuda.synchronize
             self.runtime = CudaRuntime()  # first: it sets how the host waits, before the context exists
             self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+            # No Python of torch's between these and the C calls: torch.cuda.Event() runs the class's __new__,
+            # Event.record looks torch.cuda.current_stream up when called, torch.cuda.synchronize torch.cuda.device,
+            # all after the inputs exist and before the start event. Code a candidate put there could compute its
+            # output untimed (tests/cheats/patch_stream.py; LibraryPatches names such replacements too).
+            event_new, stream_new = torch.cuda.Event.__new__, torch.cuda.Stream.__new__
+            Event, Stream, get_stream = torch.cuda.Event, torch.cuda.Stream, torch._C._cuda_getCurrentStream
+            record, device_index = torch.cuda.Event.record, torch.cuda.current_device()
+
+            def current_stream():
+                stream_id, index, kind = get_stream(device_index)
+                return stream_new(Stream, stream_id=stream_id, device_index=index, device_type=kind)
+
+            self.Event = lambda enable_timing=True: event_new(Event, enable_timing=enable_timing)
+            self.record = lambda event: record(event, current_stream())
+            self.elapsed = torch.cuda.Event.elapsed_time
+            self.event_sync = torch.cuda.Event.synchronize
+            self.sync = torch._C._cuda_synchronize  # device-wide
             self.gauge = PowerGauge(self.runtime.pci_bus_id())
             self.cover, self.cover_kind = launch_cover(self.flush)
         else:
@@ -552,7 +637,12 @@ class Timer:
         copy (InterpreterHooks names them too)."""
         with self.collector_off():
             out, *times = self._time(fn, args)
-            return (snapshot(out, self.sync), *times)
+            collecting = self.gc_isenabled()
+            self.gc_disable()
+            copied = snapshot(out, self.sync)
+            if self.hooks is not None:  # a thread of the candidate's may have installed one while this one waited
+                self.hooks.recheck(collecting)
+            return (copied, *times)
 
     @contextlib.contextmanager
     def collector_off(self):
@@ -858,8 +948,8 @@ def _chain(exc):
 
 
 class Runner:
-    def __init__(self, conn, cfg: dict, reference_module, entry, timer: Timer):
-        self.conn, self.cfg, self.timer = conn, cfg, timer
+    def __init__(self, conn, cfg: dict, reference_module, entry, timer: Timer, patches: LibraryPatches | None = None):
+        self.conn, self.cfg, self.timer, self.patches = conn, cfg, timer, patches
         self.device, self.root = cfg["device"], cfg["candidate"]
         self.make_inputs = reference_module.make_inputs
         self.entry = entry
@@ -878,6 +968,9 @@ class Runner:
                  "heat_s": self.timer.spent_s["heat"], "fill_s": self.timer.spent_s["fill"]}
         if self.timer.hooks is not None and self.timer.hooks.found:
             flags["interpreter_hooks"] = list(self.timer.hooks.found)
+        replaced = self.patches.found() if self.patches is not None else []
+        if replaced:
+            flags["library_patches"] = replaced
         runtime = self.timer.runtime
         if runtime is not None:
             now = runtime.persisting_l2_bytes()
@@ -1023,6 +1116,7 @@ def main() -> None:
         sys.path[0] = cfg["candidate"]  # was the harness's folder; candidates may import their own helper modules
         progress("import candidate")
         timer.hooks = InterpreterHooks()  # what the process has before the candidate's code first runs
+        patches = LibraryPatches()
         t0 = time.perf_counter()
         entry = load_candidate(cfg)
         compile_s = time.perf_counter() - t0
@@ -1034,7 +1128,7 @@ def main() -> None:
         return
     conn.send(("ready", compile_s))
     try:
-        Runner(conn, cfg, reference_module, entry, timer).serve()
+        Runner(conn, cfg, reference_module, entry, timer, patches).serve()
     except Reported:
         pass
 

@@ -79,7 +79,7 @@ CPU_CANDIDATES = [
     "patch_timers", "cache_content", "warmup_detector", "burst_detector", "work_ahead", "future_seeds",
     "fix_up_outputs", "gc_callback", "profile_hook", "event_hook", "signal_later", "function_mode",
     "tensor_subclass", "lazy_list", "patch_clone", "gc_reenable", "c_profile", "signal_disguise", "frame_callback",
-    "library_clone",
+    "library_clone", "patch_inputs", "patch_stream",
     "segfault", "exit_early", "forge_result", "forge_later", "memory_hog", "sys_exit", "keyboard_interrupt", "orphan",
     "network",
     "honest_again",
@@ -391,6 +391,15 @@ def test_an_output_that_computes_itself_when_read_does_not_pass(evaluations, hon
     sys.getprofile), are turned off again right after the call."""
     r = evaluations[name]
     assert r.status in WRONG and r.score == 0, show(r)
+
+
+@pytest.mark.parametrize("name", ["patch_inputs", "patch_stream"])
+def test_replacing_a_function_the_harness_calls_is_suspicious(evaluations, honest, name):
+    """A torch function replaced at import that the harness calls while a call's inputs exist and no timer runs:
+    torch.Tensor.to inside the task's make_inputs, torch.cuda.current_stream inside Event.record. Either lets the
+    candidate compute its answer there; the harness names the replacement."""
+    r = evaluations[name]
+    assert r.status == Status.suspicious and "the candidate replaced" in r.log_excerpt, show(r)
 
 
 @pytest.mark.gpu

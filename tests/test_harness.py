@@ -611,6 +611,66 @@ def test_the_garbage_collector_is_off_from_the_probe_to_the_idle_event_and_back_
         gc.enable()
 
 
+def test_a_hook_installed_while_the_harness_waits_for_the_device_is_found():
+    """The wait for the device releases the GIL, so a thread of the candidate's can install a hook after the check
+    right behind the call; the fake synchronize plays that thread (a gc callback, the collector turned on). The
+    check after the output's copy finds both, and removes the callback."""
+    import gc
+
+    from ksearch_graph import _candidate_runner as rl
+
+    torch = rl.load_torch()
+    timer = rl.Timer("cpu")
+    timer.cuda, timer.runtime = True, None
+    timer.idle_gap_us = lambda: 0.0
+    timer.cover = lambda: None
+    timer.Event = lambda enable_timing=False: object()
+    timer.record = timer.event_sync = lambda event: None
+    timer.elapsed = lambda a, b: 0.01
+    timer.hooks = rl.InterpreterHooks()
+
+    def callback(phase, info):
+        pass
+
+    def a_thread_acts():
+        if callback not in gc.callbacks:
+            gc.callbacks.append(callback)
+        gc.enable()
+
+    timer.sync = a_thread_acts
+    try:
+        out = timer.time_and_copy(lambda: torch.ones(3), ())[0]
+        assert torch.equal(out, torch.ones(3))
+        assert timer.hooks.found == ["the garbage collector turned on while the harness waited",
+                                     "a garbage-collector callback (gc.callbacks)"], timer.hooks.found
+        assert callback not in gc.callbacks
+    finally:
+        if callback in gc.callbacks:
+            gc.callbacks.remove(callback)
+        gc.enable()
+
+
+def test_a_replaced_torch_function_is_named_and_torch_wrapping_its_own_is_not():
+    """LibraryPatches, in a fresh process (torch._dynamo, once imported, has already wrapped torch.manual_seed):
+    torch's own wrapper is not a replacement; a replaced module function, a method put on torch.Tensor over
+    TensorBase's, and a replaced class method are named."""
+    script = """
+from ksearch_graph import _candidate_runner as rl
+torch = rl.load_torch()
+patches = rl.LibraryPatches()
+import torch._dynamo  # wraps torch.manual_seed (functools.wraps, torch's own code)
+assert torch.manual_seed.__wrapped__ is not None
+assert patches.found() == [], patches.found()
+torch.randn = lambda *a, **k: None
+torch.Tensor.to = lambda self, *a, **k: self
+torch.cuda.Event.elapsed_time = lambda self, end: 0.0
+print(sorted(patches.found()))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == str(sorted(["torch.randn", "torch.Tensor.to", "torch.cuda.Event.elapsed_time"]))
+
+
 def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_before_the_next_inputs_exist():
     """The order that keeps the checks sound: the idle-device probe, then the launch cover (the L2 flush, then the
     hold), then the call; untimed calls of the candidate (fillers) before the next call's inputs are made, so its
