@@ -804,7 +804,10 @@ def test_a_timing_trace_has_every_timed_call_of_reference_and_candidate_and_the_
             assert len(calls) >= 3 and all(len(c) == 4 for c in calls), (who, w.workload, calls)
             if runs is not None:
                 assert len(calls) == runs
-                assert statistics.fmean(c[0] for c in calls) == pytest.approx(w.latency_us, rel=1e-3)
+                # The device times, or with the whole tail added where the escape check charged it (a GPU can
+                # read a few us kernel's tails long while another process uses it).
+                assert w.latency_us in (pytest.approx(statistics.fmean(c[0] for c in calls), rel=1e-3),
+                                        pytest.approx(statistics.fmean(c[0] + c[1] for c in calls), rel=1e-3))
 
     # A path that cannot be written turns the trace off; the evaluation goes on.
     monkeypatch.setenv("KSEARCH_TIMING_TRACE", str(tmp_path / "no-such-folder" / "trace.jsonl"))
