@@ -489,17 +489,23 @@ class LibraryPatches:
     launch cover; it could compute its output there (tests/cheats/patch_inputs.py, patch_stream.py). No kernel needs
     to, so ``found()`` names what was replaced and the judge fails the candidate as suspicious.
 
-    Modules: their functions and classes, by identity (submodules torch adds lazily are not replacements). Classes:
-    the same through their whole MRO, plus a name added to a class that hides a base class's (torch.Tensor over
-    TensorBase). Objects (Triton's driver): every attribute set. torch itself replaces one when torch._dynamo is
-    imported (torch.manual_seed, wrapped to keep dynamo out): a wrapper of torch's own code whose ``__wrapped__`` is
-    the original is not a replacement."""
+    Watched by identity, and a Python function also by its code, defaults and closure (swapping ``__code__`` keeps
+    the identity): modules' functions and classes, and the module's own type; classes through their whole MRO, with
+    any name added that hides a base class's or is a dunder (``__getattribute__``); objects (Triton's driver): every
+    attribute set. A watched name deleted counts too (a module ``__getattr__`` could answer for it). Lazily added
+    submodules are not replacements, nor is torch's own wrapper of ``torch.manual_seed`` that importing torch._dynamo
+    makes (its ``__wrapped__`` and only function in its closure is the original)."""
 
-    def __init__(self):
+    def __init__(self, task_module: types.ModuleType | None = None):
+        """``task_module``: the task's reference.py, whose ``make_inputs`` runs here; its functions, classes and
+        modules (its ``torch`` too) are watched, but ``reference``, which the runner wraps to count the candidate's
+        calls of it."""
+        import torch.backends.cuda
         import torch.nn.functional as F
 
         spaces = [("torch", torch), ("torch.nn.functional", F), ("torch.random", torch.random),
-                  ("torch.cuda", torch.cuda), ("torch.Tensor", torch.Tensor), ("torch.cuda.Event", torch.cuda.Event),
+                  ("torch.cuda", torch.cuda), ("torch.backends.cuda", torch.backends.cuda),
+                  ("torch.Tensor", torch.Tensor), ("torch.cuda.Event", torch.cuda.Event),
                   ("torch.cuda.Stream", torch.cuda.Stream)]
         triton = sys.modules.get("triton.runtime.driver")  # imported by the launch cover, on CUDA
         if triton is not None:
@@ -511,37 +517,74 @@ class LibraryPatches:
             spaces += [(f"{m.__name__}.{c}", getattr(m, c)) for m, names in (
                 (jit, ("JITFunction", "KernelInterface")), (compiler, ("CompiledKernel",))) if m is not None
                 for c in names if hasattr(m, c)]
-        self.torch_root = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-        self.kept = []  # (label, namespace dict (live), {name: value before}, names before, names its bases define)
+        # (label, namespace dict (live), {name: (value, its code state) before}, names before, names of its bases)
+        self.kept = []
+        self.modules = [(label, space, type(space)) for label, space in spaces if isinstance(space, types.ModuleType)]
         for label, space in spaces:
             if isinstance(space, type):
                 mro = space.__mro__[:-1]  # object's own slots are not ours to watch
                 for i, klass in enumerate(mro):
                     self.kept.append((f"{label} ({klass.__name__})" if klass is not space else label, vars(klass),
-                                      {k: v for k, v in vars(klass).items() if callable(v)}, set(vars(klass)),
-                                      set().union(*(vars(base) for base in mro[i + 1:]))))
+                                      self._state(vars(klass), lambda v: callable(v) or hasattr(v, "__func__")),
+                                      set(vars(klass)), set().union(*(vars(base) for base in mro[i + 1:]))))
             elif isinstance(space, types.ModuleType):
-                self.kept.append((label, vars(space), {k: v for k, v in vars(space).items() if callable(v)
-                                                       and not isinstance(v, types.ModuleType)}, None, None))
+                self.kept.append((label, vars(space), self._state(
+                    vars(space), lambda v: callable(v) and not isinstance(v, types.ModuleType)), None, None))
             else:  # an attribute still None (not made yet) is not watched: Triton fills some in lazily
-                self.kept.append((label, vars(space), {k: v for k, v in vars(space).items() if v is not None},
-                                  None, None))
+                self.kept.append((label, vars(space), self._state(vars(space), lambda v: v is not None), None, None))
+        if task_module is not None:
+            # Functions, classes and modules only: a task may keep data (a cache, a counter) in its globals.
+            state = self._state(vars(task_module), lambda v: callable(v) or isinstance(v, types.ModuleType))
+            state.pop("reference", None)
+            self.kept.append(("the task's reference.py", vars(task_module), state, None, None))
 
-    def _torch_wrapper(self, value, before) -> bool:
-        code = getattr(value, "__code__", None)
-        return (getattr(value, "__wrapped__", None) is before and code is not None
-                and os.path.abspath(code.co_filename).startswith(self.torch_root))
+    @staticmethod
+    def _code(value) -> tuple | None:
+        """What a Python function runs, which can change while the function stays the same object."""
+        fn = getattr(value, "__func__", value)  # classmethod, staticmethod
+        if not isinstance(fn, types.FunctionType):
+            return None
+        return fn.__code__, fn.__defaults__, fn.__kwdefaults__, tuple(map(id, _cells(fn)))
+
+    def _state(self, namespace, watched) -> dict:
+        return {k: (v, self._code(v)) for k, v in namespace.items() if watched(v)}
+
+    @staticmethod
+    def _torch_wrapper(value, before) -> bool:
+        """torch._dynamo's wrapper of one of torch's functions (torch/_compile.py), around the original alone."""
+        if not isinstance(value, types.FunctionType) or getattr(value, "__wrapped__", None) is not before:
+            return False
+        inside = [c for c in _cells(value) if callable(c)]
+        return inside == [before] and value.__code__.co_filename.endswith(os.path.join("torch", "_compile.py"))
 
     def found(self) -> list[str]:
-        out = []
+        out = [f"{label} (its type)" for label, module, kind in self.modules if type(module) is not kind]
         for label, now, before, names, hidden in self.kept:
-            for name, value in before.items():
-                current = now.get(name, value)  # deleted: what was there is no longer called, nothing runs
-                if current is not value and not self._torch_wrapper(current, value):
+            for name, (value, code) in before.items():
+                if name not in now:
+                    out.append(f"{label}.{name} (deleted)")
+                    continue
+                current = now[name]
+                if current is value:
+                    if code is not None and self._code(current) != code:
+                        out.append(f"{label}.{name} (its code)")
+                elif not self._torch_wrapper(current, value):
                     out.append(f"{label}.{name}")
-            if names is not None and len(now) != len(names):
-                out += [f"{label}.{name}" for name in set(now) - names if name in hidden]
+            if names is not None:
+                out += [f"{label}.{name}" for name in now.keys() - names
+                        if name in hidden or (name.startswith("__") and name.endswith("__"))]
         return out
+
+
+def _cells(fn: types.FunctionType) -> list:
+    """What a function's closure holds (an empty cell, not yet assigned, as None)."""
+    out = []
+    for cell in fn.__closure__ or ():
+        try:
+            out.append(cell.cell_contents)
+        except ValueError:
+            out.append(None)
+    return out
 
 
 # The aten operators a copy of an output goes through (snapshot: detach, clone; clone: empty_like, empty_strided or
@@ -948,10 +991,11 @@ def _chain(exc):
 
 
 class Runner:
-    def __init__(self, conn, cfg: dict, reference_module, entry, timer: Timer, patches: LibraryPatches | None = None):
+    def __init__(self, conn, cfg: dict, reference_module, entry, timer: Timer, patches: LibraryPatches | None = None,
+                 make_inputs=None):
         self.conn, self.cfg, self.timer, self.patches = conn, cfg, timer, patches
         self.device, self.root = cfg["device"], cfg["candidate"]
-        self.make_inputs = reference_module.make_inputs
+        self.make_inputs = make_inputs or reference_module.make_inputs
         self.entry = entry
         self.held = []  # the last burst's (output, inputs) per timed call, until the judge has checked what it chose
         self.reference_calls = 0
@@ -963,12 +1007,14 @@ class Runner:
 
         reference_module.reference = counted
 
-    def flags(self) -> dict:
+    def flags(self, patches: bool = True) -> dict:
+        """What the judge checks after each call and burst; ``patches``: look for replaced library functions too
+        (LibraryPatches, ~0.7 ms), not needed when an output already checked is sent again."""
         flags = {"reference_calls": self.reference_calls, "power_limited": bool(self.timer.cuda and self.timer.limited),
                  "heat_s": self.timer.spent_s["heat"], "fill_s": self.timer.spent_s["fill"]}
         if self.timer.hooks is not None and self.timer.hooks.found:
             flags["interpreter_hooks"] = list(self.timer.hooks.found)
-        replaced = self.patches.found() if self.patches is not None else []
+        replaced = self.patches.found() if self.patches is not None and patches else []
         if replaced:
             flags["library_patches"] = replaced
         runtime = self.timer.runtime
@@ -991,7 +1037,7 @@ class Runner:
                 self.held = []
             elif op == "send":  # one of the last burst's calls, chosen by the judge after the burst
                 out, inputs = self.held[msg[1]]
-                self.conn.send(("out", out, inputs, None, 0.0, self.flags()))
+                self.conn.send(("out", out, inputs, None, 0.0, self.flags(patches=False)))
             elif op == "burst":
                 self.burst(*msg[1:])
             else:
@@ -1116,7 +1162,8 @@ def main() -> None:
         sys.path[0] = cfg["candidate"]  # was the harness's folder; candidates may import their own helper modules
         progress("import candidate")
         timer.hooks = InterpreterHooks()  # what the process has before the candidate's code first runs
-        patches = LibraryPatches()
+        patches = LibraryPatches(reference_module)
+        make_inputs = reference_module.make_inputs  # bound before the candidate could replace it
         t0 = time.perf_counter()
         entry = load_candidate(cfg)
         compile_s = time.perf_counter() - t0
@@ -1128,7 +1175,7 @@ def main() -> None:
         return
     conn.send(("ready", compile_s))
     try:
-        Runner(conn, cfg, reference_module, entry, timer, patches).serve()
+        Runner(conn, cfg, reference_module, entry, timer, patches, make_inputs).serve()
     except Reported:
         pass
 

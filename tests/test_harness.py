@@ -653,8 +653,10 @@ def test_a_hook_installed_while_the_harness_waits_for_the_device_is_found():
 def test_a_replaced_torch_function_is_named_and_torch_wrapping_its_own_is_not():
     """LibraryPatches, in a fresh process (torch._dynamo, once imported, has already wrapped torch.manual_seed):
     torch's own wrapper is not a replacement; a replaced module function, a method put on torch.Tensor over
-    TensorBase's, and a replaced class method are named."""
-    script = """
+    TensorBase's, and a replaced class method are named; then the ways around identity found in review: torch's
+    wrapper around the candidate's function, a swapped __code__, a deleted function, a dunder added to
+    torch.Tensor, and the task module's torch and make_inputs (its data is not watched)."""
+    script = r"""
 from ksearch_graph import _candidate_runner as rl
 torch = rl.load_torch()
 patches = rl.LibraryPatches()
@@ -665,10 +667,33 @@ torch.randn = lambda *a, **k: None
 torch.Tensor.to = lambda self, *a, **k: self
 torch.cuda.Event.elapsed_time = lambda self, end: 0.0
 print(sorted(patches.found()))
+
+import types
+import torch.nn.functional as F
+task = types.ModuleType("task")
+exec("import torch\ncache = {}\ndef make_inputs(p, s, d):\n    return (torch.ones(2),)\n"
+     "def reference(x):\n    return x\n", vars(task))
+patches = rl.LibraryPatches(task)
+relu = F.relu
+fake = torch._disable_dynamo(lambda *a, **k: relu(*a, **k))  # torch's wrapper, around the candidate's function
+fake.__wrapped__ = relu
+F.relu = fake
+torch.cuda.current_stream.__code__ = (lambda device=None: None).__code__  # same object, other code
+del F.gelu  # a module __getattr__ could answer for it
+torch.Tensor.__getattribute__ = lambda self, name: object.__getattribute__(self, name)
+task.torch = types.SimpleNamespace()
+task.make_inputs.__defaults__ = (1,)
+task.reference = lambda x: x  # the runner wraps it itself
+task.cache["k"] = 1  # data
+print(sorted(patches.found()))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == str(sorted(["torch.randn", "torch.Tensor.to", "torch.cuda.Event.elapsed_time"]))
+    first, second = done.stdout.strip().splitlines()
+    assert first == str(sorted(["torch.randn", "torch.Tensor.to", "torch.cuda.Event.elapsed_time"]))
+    assert second == str(sorted([
+        "torch.nn.functional.relu", "torch.cuda.current_stream (its code)", "torch.nn.functional.gelu (deleted)",
+        "torch.Tensor.__getattribute__", "the task's reference.py.torch", "the task's reference.py.make_inputs (its code)"]))
 
 
 def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_before_the_next_inputs_exist():
