@@ -991,11 +991,11 @@ def _chain(exc):
 
 
 class Runner:
-    def __init__(self, conn, cfg: dict, reference_module, entry, timer: Timer, patches: LibraryPatches | None = None,
-                 make_inputs=None):
+    def __init__(self, conn, cfg: dict, reference_module, make_inputs, entry, timer: Timer, patches: LibraryPatches):
+        """``make_inputs``: the task's, bound before the candidate was imported (it could replace the module's)."""
         self.conn, self.cfg, self.timer, self.patches = conn, cfg, timer, patches
         self.device, self.root = cfg["device"], cfg["candidate"]
-        self.make_inputs = make_inputs or reference_module.make_inputs
+        self.make_inputs = make_inputs
         self.entry = entry
         self.held = []  # the last burst's (output, inputs) per timed call, until the judge has checked what it chose
         self.reference_calls = 0
@@ -1014,7 +1014,7 @@ class Runner:
                  "heat_s": self.timer.spent_s["heat"], "fill_s": self.timer.spent_s["fill"]}
         if self.timer.hooks is not None and self.timer.hooks.found:
             flags["interpreter_hooks"] = list(self.timer.hooks.found)
-        replaced = self.patches.found() if self.patches is not None and patches else []
+        replaced = self.patches.found() if patches else []
         if replaced:
             flags["library_patches"] = replaced
         runtime = self.timer.runtime
@@ -1163,7 +1163,7 @@ def main() -> None:
         progress("import candidate")
         timer.hooks = InterpreterHooks()  # what the process has before the candidate's code first runs
         patches = LibraryPatches(reference_module)
-        make_inputs = reference_module.make_inputs  # bound before the candidate could replace it
+        make_inputs = reference_module.make_inputs
         t0 = time.perf_counter()
         entry = load_candidate(cfg)
         compile_s = time.perf_counter() - t0
@@ -1175,7 +1175,7 @@ def main() -> None:
         return
     conn.send(("ready", compile_s))
     try:
-        Runner(conn, cfg, reference_module, entry, timer, patches, make_inputs).serve()
+        Runner(conn, cfg, reference_module, make_inputs, entry, timer, patches).serve()
     except Reported:
         pass
 

@@ -673,16 +673,15 @@ class Judge:
         return max_err, max_rel
 
     def check_flags(self, flags: dict, where: str) -> None:
-        hooks = flags.get("interpreter_hooks")
-        if hooks:
-            named = ", ".join(str(h) for h in hooks) if isinstance(hooks, list) else str(hooks)
-            raise Failure("suspicious", f"{where}: the candidate installed {named[:300]}: Python would run its code "
-                          "between a call's return and the copy of its output, untimed")
-        patched = flags.get("library_patches")
-        if patched:
-            named = ", ".join(str(p) for p in patched) if isinstance(patched, list) else str(patched)
-            raise Failure("suspicious", f"{where}: the candidate replaced {named[:300]}, which the harness calls "
-                          "between making its inputs and timing it: its code would run there, untimed")
+        def named(found) -> str:  # what the candidate's process listed (its own data: any type)
+            return (", ".join(map(str, found)) if isinstance(found, list) else str(found))[:300]
+
+        if flags.get("interpreter_hooks"):
+            raise Failure("suspicious", f"{where}: the candidate installed {named(flags['interpreter_hooks'])}: Python "
+                          "would run its code between a call's return and the copy of its output, untimed")
+        if flags.get("library_patches"):
+            raise Failure("suspicious", f"{where}: the candidate replaced {named(flags['library_patches'])}, which the "
+                          "harness calls between making its inputs and timing it: its code would run there, untimed")
         if flags.get("persisting_l2_bytes"):
             raise Failure("suspicious", f"{where}: the candidate reserved {flags['persisting_l2_bytes']} bytes of "
                           "persisting L2 cache, which survives the harness's cache flush")
