@@ -80,6 +80,7 @@ TARGET_RSE = 0.01  # stop timing once the relative standard error of the mean is
 # 10 calls left three evaluations 2.5% apart on an H200 (session 9): half the error, for ~4x the calls.
 TARGET_RSE_LIMITED = 0.005
 FLUSH_BYTES = 256 << 20  # at least 2x the L2 of any current GPU (H200: 50 MB)
+SMALL_BLOCK_BYTES = 1 << 20  # torch's caching allocator serves requests up to 1 MB from its small pool (2 MB segments)
 LOG_LIMIT = 2000
 PROGRESS = "[ksearch-eval] "
 
@@ -616,6 +617,8 @@ class Timer:
         self.gc_disable, self.gc_enable, self.gc_isenabled = gc.disable, gc.enable, gc.isenabled
         self.hooks: InterpreterHooks | None = None  # the candidate's process sets one (see InterpreterHooks)
         self.zero_ = torch.Tensor.zero_
+        self.empty = torch.empty
+        self.output_small_sizes: list[int] = []  # bytes of the small tensors of the last untimed call's output
         self.untimed_us: list[float] = []  # device times of heat and filler calls, for the caller's consistency check
         self.heated = False  # the first heat of this process may start from a cool GPU
         self.limited = True  # the current workload drives the GPU to its power limit (see heat)
@@ -736,8 +739,11 @@ class Timer:
             start, end = self.Event(enable_timing=True), self.Event(enable_timing=True)
             self.zero_(self.flush)
             self.record(start)
-            fn(*args)
+            out = fn(*args)
             self.record(end)
+            if not pairs:  # for reserve_small_blocks
+                self.output_small_sizes = small_block_sizes(output_items(out))
+            del out
             pairs.append((start, end))
             if len(pairs) > 2:
                 self.event_sync(pairs[-3][1])
@@ -812,6 +818,23 @@ class Timer:
             self.back_to_back(fn, args, seconds)
             self.spent_s["fill"] += self.perf() - t0
 
+    def reserve_small_blocks(self, args, count: int) -> None:
+        """Before a burst of ``count`` calls on inputs like ``args``, right after its heat: make and free the small
+        blocks the burst will hold (each call's inputs and output copy, and two outputs), so no timed call's own
+        allocation needs a new segment from the driver. The output's sizes are those of the heat's first call.
+
+        Why (session 12, H200): the burst holds every call's inputs and output copy for the judge's checks, so the
+        caching allocator ran out of cached small blocks about once a burst, and the candidate's output allocation
+        inside that timed call was a cudaMalloc, which waits for the launch cover: a 32 us matmul read 297-365 us.
+        Only the small pool ran out: a large tensor gets a segment of its own, cached from the workload's warm-up and
+        earlier bursts. The output's sizes come from the heat, not from a call of its own: one more call between the
+        heat and the burst made TriMul's fillers grow from 3.1 to 5.2 s (session 13, every time, cause not found)."""
+        if not self.cuda:
+            return
+        sizes = small_block_sizes(_leaves(args)) + self.output_small_sizes
+        held = [self.empty(n, dtype=torch.uint8, device="cuda") for _ in range(count + 2) for n in sizes]
+        del held
+
     def idle_gap_us(self) -> float:
         """Device time between an event and the next one this process records after a device-wide synchronize, on
         an idle device: the same steps as the tail of a timed call, with nothing left running."""
@@ -828,8 +851,9 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> 
     """Time ``count`` calls one after another, each on inputs ``next_call(k)`` generates just before it (returning
     (fn, args)): [(snapshot of the output, device us, tail us, probe us, host us)] (see ``Timer.time``);
     ``seen(snapshot)``, if given, right after each snapshot. ``filler``: (fn, args) of the caller's heat, called
-    back to back between timed calls (``Timer.fill``). The reference (in the judge) and the candidate (here) both go
-    through it.
+    back to back between timed calls (``Timer.fill``); the small blocks the burst will hold are made and freed
+    before its first call (``Timer.reserve_small_blocks``). The reference (in the judge) and the candidate (here)
+    both go through it.
 
     After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only filler calls,
     its input generation, the launch cover (with the L2 flush), a device-wide synchronize and an output copy in
@@ -841,6 +865,8 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> 
     generation and checks the rest), which kept it below the power limit: it read 1.39-1.43 ms against 1.56-1.61 ms
     in ``triton.testing.do_bench`` and in a loop of itself (BENCHMARKS.md, session 5).
     """
+    if filler is not None:
+        timer.reserve_small_blocks(filler[1], count)
     done = []
     gap_s = 0.0
     for k in range(count):
@@ -857,16 +883,26 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> 
     return done
 
 
+def small_block_sizes(values) -> list[int]:
+    """Bytes of the CUDA tensors among ``values`` that torch's caching allocator serves from its small pool."""
+    return [t.nbytes for t in values if type(t) is _TENSOR and t.is_cuda and 0 < t.nbytes <= SMALL_BLOCK_BYTES]
+
+
+def output_items(out) -> list:
+    """An output's parts, as the judge sees them: a list or tuple (a subclass read through the base type's iterator,
+    which runs none of the candidate's code), or the one value."""
+    if isinstance(out, (list, tuple)):
+        return list(tuple.__iter__(out) if isinstance(out, tuple) else list.__iter__(out))
+    return [out]
+
+
 def snapshot(out, sync):
     """A copy taken right after the device went idle: work that writes the output later does not count. A name
     for what is not a tensor or a tuple/list of tensors (the judge reports the type).
 
     Copied without running the candidate's code: a tensor subclass (its __torch_function__ or __torch_dispatch__
     would run on the copy) is refused, and a list or tuple subclass is read through the base type's iterator."""
-    if isinstance(out, (list, tuple)):
-        items = list(tuple.__iter__(out) if isinstance(out, tuple) else list.__iter__(out))
-    else:
-        items = [out]
+    items = output_items(out)
     if not all(isinstance(t, _TENSOR) for t in items):
         return type(out).__name__
     odd = next((t for t in items if type(t) is not _TENSOR), None)

@@ -3,7 +3,8 @@
     python tools/gpu_selftest.py [--out DIR] [--skip-tests] [--skip-calibration] [--skip-trimul] [--tests FILE ...]
 
 1. pytest over the harness's test files with the ``gpu`` marker included (on a CPU machine they skip themselves).
-2. Calibration (tools/calibration/): each workload evaluated by the harness three times, in fresh processes, and
+2. Calibration (tools/calibration/): each workload evaluated by the harness three times, in fresh processes (the
+   reference, the same vendor call, timed in each: the spread of the speedups is that of a search's ranking), and
    timed independently with none of the harness's code: ``triton.testing.do_bench`` (cold L2: it zeroes a 256 MB
    buffer before every call; 300 ms of uninterrupted calls), calls on 8 input sets in turn with a flush before and a
    synchronize after each (the harness's pattern without its checks and copies), and CUDA-graph replay of 20 calls
@@ -112,7 +113,10 @@ def calibrate(rows: list) -> None:
 
     task = load_task(ROOT / "tools" / "calibration")
     source = (ROOT / "tools" / "calibration" / "kernel.py").read_text()
-    evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0)
+    # The reference (the same vendor call) is timed in every evaluation: a search ranks candidates by speedups, and
+    # their spread over evaluations says how much of the absolute times' spread the GPU's state shares between a
+    # candidate and its reference.
+    evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0, reuse_reference_timings_s=0)
     runs = []
     for i in range(3):
         r = evaluator.evaluate(task, {"kernel.py": source}, attempt_id=f"calibration-{i}")
@@ -131,7 +135,8 @@ def calibrate(rows: list) -> None:
         row = {"workload": w.name, "harness_us": [round(x.latency_us, 2) for x in found], "runs": [x.runs for x in found],
                "power_limited": [x.power_limited for x in found],
                "harness_median_us": [round(x.median_us, 2) for x in found],
-               "harness_std_us": [round(x.std_us, 2) for x in found]}
+               "harness_std_us": [round(x.std_us, 2) for x in found],
+               "speedups": [round(x.speedup, 4) for x in found if x.speedup]}
         if found:
             for name in INDEPENDENT:
                 seen = [round(t[name], 2) for t in independent[w.name]]
@@ -142,6 +147,9 @@ def calibrate(rows: list) -> None:
             row["repeat_spread_pct"] = 100 * (max(row["harness_us"]) - min(row["harness_us"])) / mid
             medians = row["harness_median_us"]  # the spread of the medians, for comparison (scores use means)
             row["median_spread_pct"] = 100 * (max(medians) - min(medians)) / statistics.median(medians)
+            if row["speedups"]:
+                row["speedup_spread_pct"] = 100 * (max(row["speedups"]) - min(row["speedups"])) / statistics.median(
+                    row["speedups"])
             for name in COMPARED:
                 row[f"vs_{name}_pct"] = 100 * (mid - row[name]) / row[name]
         rows.append(row)
@@ -186,16 +194,20 @@ def markdown(report: dict) -> str:
     labels = {"do_bench_us": "do_bench (cold L2)", "rotated_us": "back to back, 8 input sets"}
     head = " | ".join(f"{labels[n]} | its spread | diff" for n in COMPARED)
     lines += [f"Independent figures: the median of {INDEPENDENT_ROUNDS} rounds, with their spread.", "",
-              f"| workload | harness (3 evaluations) | spread | {head} | graph replay |",
-              "| --- | --- | --- | " + "--- | --- | --- | " * len(COMPARED) + "--- |"]
+              f"| workload | harness (3 evaluations) | spread | speedup vs the reference (same call) | its spread | "
+              f"{head} | graph replay |",
+              "| --- | --- | --- | --- | --- | " + "--- | --- | --- | " * len(COMPARED) + "--- |"]
     for row in report["calibration"]:
         if "harness_mean_us" not in row:
             lines.append(f"| {row['workload']} | failed |")
             continue
         cells = " | ".join(f"{row[n]:.1f} us | {row[f'{n}_spread_pct']:.2f}% | {row[f'vs_{n}_pct']:+.2f}%"
                            for n in COMPARED)
+        speedups = row["speedups"]
+        speedup = (f"{min(speedups):.3f}-{max(speedups):.3f} | {row['speedup_spread_pct']:.2f}%" if speedups
+                   else "- | -")
         lines.append(f"| {row['workload']} | {row['harness_mean_us']:.1f} us | {row['repeat_spread_pct']:.2f}% | "
-                     f"{cells} | {row['graph_us']:.1f} us |")
+                     f"{speedup} | {cells} | {row['graph_us']:.1f} us |")
     for i, t in enumerate(report.get("trimul", [])):
         lines.append("")
         lines.append(f"TriMul evaluation {i + 1}: {t['status']}, wall {t['wall_s']:.2f} s (after waiting "
