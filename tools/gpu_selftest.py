@@ -4,14 +4,15 @@
 
 1. pytest over the harness's test files with the ``gpu`` marker included (on a CPU machine they skip themselves).
 2. Calibration (tools/calibration/): each workload evaluated by the harness three times, in fresh processes (the
-   reference, the same vendor call, timed in each: the spread of the speedups is that of a search's ranking), and
-   timed independently with none of the harness's code: ``triton.testing.do_bench`` (cold L2: it zeroes a 256 MB
-   buffer before every call; 300 ms of uninterrupted calls), calls on 8 input sets in turn with a flush before and a
-   synchronize after each (the harness's pattern without its checks and copies), and CUDA-graph replay of 20 calls
-   (warm L2), each INDEPENDENT_ROUNDS times, a round over all workloads. Prints a table: harness mean, its spread
-   over the three evaluations, each independent figure (median of its rounds) with its own spread and the
-   difference. The spreads matter for power-limited kernels: do_bench read a 4096^3 bf16 matmul at 176.6 and
-   192.3 us in two calls of session 10, so one reading of it cannot judge a 5% agreement.
+   reference, the same vendor call, timed in each: the spread of the speedups is that of a search's ranking; each
+   burst of timed calls listed from the timing trace), and timed independently with none of the harness's code:
+   ``triton.testing.do_bench`` (cold L2: it zeroes a 256 MB buffer before every call; 300 ms of uninterrupted
+   calls), calls on 8 input sets in turn with a flush before and a synchronize after each (the harness's pattern
+   without its checks and copies), and CUDA-graph replay of 20 calls (warm L2), each INDEPENDENT_ROUNDS times, a
+   round over all workloads. Prints a table: harness mean, its spread over the three evaluations, each independent
+   figure (median of its rounds) with its own spread and the difference. The spreads matter for power-limited
+   kernels: do_bench read a 4096^3 bf16 matmul at 176.6 and 192.3 us in two calls of session 10, so one reading of
+   it cannot judge a 5% agreement.
 3. TriMul (examples/trimul/, all 25 workloads: 18 correctness-only + 7 timed) with the seed submission, three times
    with one evaluator, as a search would: each finds its processes prestarted (imports done: the first pair starts
    when the search does, ``start_ahead(task)``, and times the reference while it waits; that wait, the cold imports
@@ -24,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -108,6 +111,7 @@ INDEPENDENT_ROUNDS = 3
 
 
 def calibrate(rows: list) -> None:
+    from ksearch_graph._evaluate_child import TRACE_ENV
     from ksearch_graph.evaluation import SubprocessEvaluator
     from ksearch_graph.task import load_task
 
@@ -116,14 +120,23 @@ def calibrate(rows: list) -> None:
     # The reference (the same vendor call) is timed in every evaluation: a search ranks candidates by speedups, and
     # their spread over evaluations says how much of the absolute times' spread the GPU's state shares between a
     # candidate and its reference.
+    # Every timed call, from the judge: each burst's mean shows whether a workload's bursts agree (a later burst
+    # follows the judge's checks of the one before, with the GPU idle meanwhile).
+    trace = Path(tempfile.mkdtemp()) / "trace.jsonl"
+    trace.touch()
+    os.environ[TRACE_ENV] = str(trace)  # before the evaluator: its prestarted processes inherit it
     evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0, reuse_reference_timings_s=0)
-    runs = []
+    runs, bursts, seen = [], [], 0
     for i in range(3):
         r = evaluator.evaluate(task, {"kernel.py": source}, attempt_id=f"calibration-{i}")
         print(f"calibration evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.1f} s {r.log_excerpt[:300]}",
               flush=True)
         runs.append(r)
+        lines = trace.read_text().splitlines()
+        bursts.append([json.loads(line) for line in lines[seen:]])
+        seen = len(lines)
     evaluator.close()  # its prestarted processes would share the GPU with the independent timings below
+    del os.environ[TRACE_ENV]
     # Rounds over all workloads, as the evaluations are: each workload's figures follow other workloads' load.
     independent = {w.name: [] for w in task.spec.workloads}
     if any(r.passed for r in runs):
@@ -136,7 +149,12 @@ def calibrate(rows: list) -> None:
                "power_limited": [x.power_limited for x in found],
                "harness_median_us": [round(x.median_us, 2) for x in found],
                "harness_std_us": [round(x.std_us, 2) for x in found],
-               "speedups": [round(x.speedup, 4) for x in found if x.speedup]}
+               "speedups": [round(x.speedup, 4) for x in found if x.speedup],
+               # per passed evaluation, per side: [(first call's index, calls, mean device us)] of each burst
+               "bursts": [{who: [(b["first"], len(b["calls"]), round(statistics.fmean(c[0] for c in b["calls"]), 2))
+                                 for b in done if b["who"] == who and b["workload"] == w.name]
+                           for who in ("candidate", "reference")}
+                          for r, done in zip(runs, bursts) if r.passed]}
         if found:
             for name in INDEPENDENT:
                 seen = [round(t[name], 2) for t in independent[w.name]]
@@ -208,6 +226,12 @@ def markdown(report: dict) -> str:
                    else "- | -")
         lines.append(f"| {row['workload']} | {row['harness_mean_us']:.1f} us | {row['repeat_spread_pct']:.2f}% | "
                      f"{speedup} | {cells} | {row['graph_us']:.1f} us |")
+    if report["calibration"]:
+        lines += ["", "Each burst of timed calls (candidate; reference): calls, mean; evaluations apart by |."]
+    for row in report["calibration"]:
+        cells = [" ".join(f"{n}: {us:.1f}" for _, n, us in e["candidate"]) + "; "
+                 + " ".join(f"{n}: {us:.1f}" for _, n, us in e["reference"]) for e in row.get("bursts", [])]
+        lines.append(f"- {row['workload']}: " + " | ".join(cells))
     for i, t in enumerate(report.get("trimul", [])):
         lines.append("")
         lines.append(f"TriMul evaluation {i + 1}: {t['status']}, wall {t['wall_s']:.2f} s (after waiting "
