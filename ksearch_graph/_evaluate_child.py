@@ -643,12 +643,13 @@ class Judge:
         return times, notes
 
     def trace(self, who: str, workload: str, first: int, calls: list) -> None:
-        """One burst's timed calls into the TRACE_ENV file, where one is named."""
+        """One burst's timed calls into the TRACE_ENV file, where one is named; ``at``: when the judge had them (wall
+        clock, s), which spaces the bursts (the judge's checks come between a workload's)."""
         if not self.trace_path:
             return
         try:
             with open(self.trace_path, "a") as f:
-                f.write(json.dumps({"who": who, "workload": workload, "first": first,
+                f.write(json.dumps({"who": who, "workload": workload, "first": first, "at": round(time.time(), 4),
                                     "calls": [[round(v, 2) for v in c] for c in calls]}) + "\n")
         except OSError as e:  # a diagnostic: it must not fail the evaluation
             progress(f"timing trace off: cannot write {self.trace_path}: {e}")

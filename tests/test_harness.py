@@ -855,6 +855,7 @@ def test_a_timing_trace_has_every_timed_call_of_reference_and_candidate_and_the_
         task, {"kernel.py": source}, attempt_id="traced")
     assert r.passed, explain(r)
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [line["at"] for line in lines] == sorted(line["at"] for line in lines)  # written as the bursts came
     for w in r.workloads:
         for who, runs in (("reference", None), ("candidate", w.runs)):
             calls = [c for line in lines if (line["who"], line["workload"]) == (who, w.workload) for c in line["calls"]]
