@@ -617,7 +617,7 @@ class Timer:
         self.gc_disable, self.gc_enable, self.gc_isenabled = gc.disable, gc.enable, gc.isenabled
         self.hooks: InterpreterHooks | None = None  # the candidate's process sets one (see InterpreterHooks)
         self.zero_ = torch.Tensor.zero_
-        self.empty = torch.empty
+        self.empty, self.uint8 = torch.empty, torch.uint8
         self.output_small_sizes: list[int] = []  # bytes of the small tensors of the last untimed call's output
         self.untimed_us: list[float] = []  # device times of heat and filler calls, for the caller's consistency check
         self.heated = False  # the first heat of this process may start from a cool GPU
@@ -818,22 +818,25 @@ class Timer:
             self.back_to_back(fn, args, seconds)
             self.spent_s["fill"] += self.perf() - t0
 
-    def reserve_small_blocks(self, args, count: int) -> None:
-        """Before a burst of ``count`` calls on inputs like ``args``, right after its heat: make and free the small
-        blocks the burst will hold (each call's inputs and output copy, and two outputs), so no timed call's own
-        allocation needs a new segment from the driver. The output's sizes are those of the heat's first call.
+    def reserve_small_blocks(self, held, count: int) -> None:
+        """Before a burst of ``count`` calls, each holding what ``held`` (one call's inputs as kept) holds, right after
+        its heat: make and free the small blocks the burst will hold (each call's inputs and output copy, and two
+        outputs), so no timed call's own allocation needs a new segment from the driver. The output's sizes are
+        those of the first call of the last untimed run (``back_to_back``: the heat's last window).
 
         Why (session 12, H200): the burst holds every call's inputs and output copy for the judge's checks, so the
         caching allocator ran out of cached small blocks about once a burst, and the candidate's output allocation
         inside that timed call was a cudaMalloc, which waits for the launch cover: a 32 us matmul read 297-365 us.
-        Only the small pool ran out: a large tensor gets a segment of its own, cached from the workload's warm-up and
-        earlier bursts. The output's sizes come from the heat, not from a call of its own: one more call between the
-        heat and the burst made TriMul's fillers grow from 3.1 to 5.2 s (session 13, every time, cause not found)."""
+        Requests of 1-10 MB share 20 MB segments and could run out the same way; they are not reserved (the slow
+        calls seen were small-pool ones, and this is what ran on the GPU); from 10 MB a request gets a segment of
+        its own, cached from the workload's warm-up and earlier bursts. The output's sizes come from the heat, not
+        from a call of its own: one more call between the heat and the burst made TriMul's fillers grow from 3.1 to
+        5.2 s (session 13, every time, cause not found)."""
         if not self.cuda:
             return
-        sizes = small_block_sizes(_leaves(args)) + self.output_small_sizes
-        held = [self.empty(n, dtype=torch.uint8, device="cuda") for _ in range(count + 2) for n in sizes]
-        del held
+        sizes = small_block_sizes(_leaves(held)) + self.output_small_sizes
+        blocks = [self.empty(n, dtype=self.uint8, device="cuda") for _ in range(count + 2) for n in sizes]
+        del blocks
 
     def idle_gap_us(self) -> float:
         """Device time between an event and the next one this process records after a device-wide synchronize, on
@@ -847,12 +850,13 @@ class Timer:
         return self.elapsed(a, b) * 1e3
 
 
-def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> list[tuple]:
+def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None, held=None) -> list[tuple]:
     """Time ``count`` calls one after another, each on inputs ``next_call(k)`` generates just before it (returning
     (fn, args)): [(snapshot of the output, device us, tail us, probe us, host us)] (see ``Timer.time``);
     ``seen(snapshot)``, if given, right after each snapshot. ``filler``: (fn, args) of the caller's heat, called
     back to back between timed calls (``Timer.fill``); the small blocks the burst will hold are made and freed
-    before its first call (``Timer.reserve_small_blocks``). The reference (in the judge) and the candidate (here)
+    before its first call (``Timer.reserve_small_blocks``: ``held``, what each call's kept inputs hold, if not just
+    the filler's arguments). The reference (in the judge) and the candidate (here)
     both go through it.
 
     After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only filler calls,
@@ -866,7 +870,7 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> 
     in ``triton.testing.do_bench`` and in a loop of itself (BENCHMARKS.md, session 5).
     """
     if filler is not None:
-        timer.reserve_small_blocks(filler[1], count)
+        timer.reserve_small_blocks(filler[1] if held is None else held, count)
     done = []
     gap_s = 0.0
     for k in range(count):
@@ -884,8 +888,11 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None) -> 
 
 
 def small_block_sizes(values) -> list[int]:
-    """Bytes of the CUDA tensors among ``values`` that torch's caching allocator serves from its small pool."""
-    return [t.nbytes for t in values if type(t) is _TENSOR and t.is_cuda and 0 < t.nbytes <= SMALL_BLOCK_BYTES]
+    """Bytes of the allocations behind the CUDA tensors among ``values`` that torch's caching allocator serves from
+    its small pool (a view's is its storage's; a sparse tensor has none of its own)."""
+    sizes = [t.untyped_storage().nbytes() for t in values
+             if type(t) is _TENSOR and t.is_cuda and t.layout is torch.strided]
+    return [n for n in sizes if 0 < n <= SMALL_BLOCK_BYTES]
 
 
 def output_items(out) -> list:
@@ -1113,7 +1120,7 @@ class Runner:
             self.timer.heat(fn, args, first)
             prints = []  # taken at once: a thread of the candidate's could change a copy that waits for its check
             done = timed_burst(self.timer, count, next_call, lambda out: prints.append(fingerprint(out)),
-                               filler=(fn, args))
+                               filler=(fn, args), held=heat_inputs)
             del heat_inputs, fn, args
         except Reported:
             raise

@@ -492,6 +492,13 @@ class Judge:
         if task["baseline"]:
             base = load_module("ksearch_baseline", os.path.join(args.task, task["baseline"]))
             self.baseline = getattr(base, task["entry_point"])
+        # The reference's timed calls take the same steps as the candidate's, its interpreter-hook check included:
+        # on CPU, where no device clock leaves that host time out, the calibration candidate (the reference's own
+        # call) read 0.28-0.38x on its 4096-element multiplies without it (the check: ~11 us of ~29), 0.64-0.76x
+        # with it (session 13; likely the rest: the candidate's process has just woken from the judge's seed round
+        # trip). On a GPU it runs under the launch cover. Made after the task's modules are imported: the check
+        # puts back what it saw then (gc callbacks, trace and profile functions) after every call.
+        self.timer.hooks = rl.InterpreterHooks()
         self.phases = {"waiting_for_runner": 0.0, "reference_timing": 0.0, "waiting_for_compile": 0.0,
                        "reference": 0.0, "correctness": 0.0, "timing": 0.0, "checks": 0.0,
                        # parts of "timing": the candidate's heats and its fillers between timed calls (rl.Timer)
@@ -875,12 +882,6 @@ class Session:
         # evaluation's clock. On an H200 a TriMul evaluation whose judge had them ready took 8.9 s, 10.0-10.1 s
         # otherwise (session 9).
         self.timer = rl.Timer(DEVICE)
-        # The reference's timed calls take the same steps as the candidate's, its interpreter-hook check included:
-        # on CPU, where no device clock leaves that host time out, the calibration candidate (the reference's own
-        # call) read 0.28-0.38x on its 4096-element multiplies without it (the check: ~11 us of ~29), 0.64-0.76x
-        # with it (session 13; likely the rest: the candidate's process has just woken from the judge's seed round
-        # trip). On a GPU it runs under the launch cover.
-        self.timer.hooks = rl.InterpreterHooks()
         if DEVICE == "cuda":
             warm = torch.ones(64, 64, device=DEVICE)
             (warm @ warm).sum().item()

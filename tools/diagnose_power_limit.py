@@ -9,9 +9,9 @@ slices: the mean call time, NVML's instantaneous and 1 s-averaged power against 
 instantaneous reading's timestamp is the query's, so it cannot tell how old the value is: session 8), the SM clock
 and the clock-event reasons (0x4: software power cap; 0x1: idle). Then the harness's pattern: its heat (how long,
 and whether it calls the workload power-limited) and a burst of 30 timed calls with fillers where limited, and
-the power they draw. Last (alone with --sweeps-only), the power-limited matmuls against do_bench with more
-fillers than the runner's, and behind launch covers of shorter holds; then (alone with --bursts-only, ~30 s) two
-bursts of timed calls as an evaluation makes them, with longer heats before the second and more fillers.
+the power they draw. Then (from here on alone with --sweeps-only) the power-limited matmuls against do_bench with more
+fillers than the runner's, and behind launch covers of shorter holds; last (this alone with --bursts-only, ~30 s)
+two bursts of timed calls as an evaluation makes them, with longer heats before the second and more fillers.
 """
 
 from __future__ import annotations
@@ -244,19 +244,21 @@ def bursts(rl, timer, torch, mm) -> None:
             time.sleep(SWEEP_GAP_S)
             return mm(n)
 
-        for later_heat_s, fill_max in BURST_SETTINGS:
-            rl.HEAT_S, rl.FILL_MAX = later_heat_s, fill_max  # Timer reads both when it heats and fills
-            time.sleep(0.3)
-            t0 = time.perf_counter()
-            timer.heat(fn, args, first=True)
-            one = statistics.fmean(d[1] for d in rl.timed_burst(timer, 10, next_call, filler=(fn, args)))
-            time.sleep(JUDGE_GAP_S)
-            timer.heat(fn, args, first=False)
-            two = statistics.fmean(d[1] for d in rl.timed_burst(timer, 20, next_call, filler=(fn, args)))
-            print(f"| mm-bf16-{n} | {bench_us:.1f} | {later_heat_s * 1e3:.0f} | {fill_max:g} | {one:.1f} | "
-                  f"{two:.1f} | {100 * (two - one) / one:+.2f}% | {100 * (two - bench_us) / bench_us:+.2f}% | "
-                  f"{time.perf_counter() - t0:.2f} |", flush=True)
-    rl.HEAT_S, rl.FILL_MAX = kept
+        try:
+            for later_heat_s, fill_max in BURST_SETTINGS:
+                rl.HEAT_S, rl.FILL_MAX = later_heat_s, fill_max  # Timer reads both when it heats and fills
+                time.sleep(0.3)
+                t0 = time.perf_counter()
+                timer.heat(fn, args, first=True)
+                one = statistics.fmean(d[1] for d in rl.timed_burst(timer, 10, next_call, filler=(fn, args)))
+                time.sleep(JUDGE_GAP_S)
+                timer.heat(fn, args, first=False)
+                two = statistics.fmean(d[1] for d in rl.timed_burst(timer, 20, next_call, filler=(fn, args)))
+                print(f"| mm-bf16-{n} | {bench_us:.1f} | {later_heat_s * 1e3:.0f} | {fill_max:g} | {one:.1f} | "
+                      f"{two:.1f} | {100 * (two - one) / one:+.2f}% | {100 * (two - bench_us) / bench_us:+.2f}% | "
+                      f"{time.perf_counter() - t0:.2f} |", flush=True)
+        finally:
+            rl.HEAT_S, rl.FILL_MAX = kept
     torch.cuda.synchronize()
 
 

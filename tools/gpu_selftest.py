@@ -125,18 +125,21 @@ def calibrate(rows: list) -> None:
     trace = Path(tempfile.mkdtemp()) / "trace.jsonl"
     trace.touch()
     os.environ[TRACE_ENV] = str(trace)  # before the evaluator: its prestarted processes inherit it
-    evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0, reuse_reference_timings_s=0)
-    runs, bursts, seen = [], [], 0
-    for i in range(3):
-        r = evaluator.evaluate(task, {"kernel.py": source}, attempt_id=f"calibration-{i}")
-        print(f"calibration evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.1f} s {r.log_excerpt[:300]}",
-              flush=True)
-        runs.append(r)
-        lines = trace.read_text().splitlines()
-        bursts.append([json.loads(line) for line in lines[seen:]])
-        seen = len(lines)
-    evaluator.close()  # its prestarted processes would share the GPU with the independent timings below
-    del os.environ[TRACE_ENV]
+    try:
+        evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0,
+                                        reuse_reference_timings_s=0)
+        runs, bursts, seen = [], [], 0
+        for i in range(3):
+            r = evaluator.evaluate(task, {"kernel.py": source}, attempt_id=f"calibration-{i}")
+            print(f"calibration evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.1f} s {r.log_excerpt[:300]}",
+                  flush=True)
+            runs.append(r)
+            lines = trace.read_text().splitlines()
+            bursts.append([json.loads(line) for line in lines[seen:]])
+            seen = len(lines)
+        evaluator.close()  # its prestarted processes would share the GPU with the independent timings below
+    finally:
+        del os.environ[TRACE_ENV]  # the TriMul evaluations after this are not traced
     # Rounds over all workloads, as the evaluations are: each workload's figures follow other workloads' load.
     independent = {w.name: [] for w in task.spec.workloads}
     if any(r.passed for r in runs):
