@@ -856,8 +856,7 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None, hel
     ``seen(snapshot)``, if given, right after each snapshot. ``filler``: (fn, args) of the caller's heat, called
     back to back between timed calls (``Timer.fill``); the small blocks the burst will hold are made and freed
     before its first call (``Timer.reserve_small_blocks``: ``held``, what each call's kept inputs hold, if not just
-    the filler's arguments). The reference (in the judge) and the candidate (here)
-    both go through it.
+    the filler's arguments). The reference (in the judge) and the candidate (here) both go through it.
 
     After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only filler calls,
     its input generation, the launch cover (with the L2 flush), a device-wide synchronize and an output copy in

@@ -494,7 +494,7 @@ class Judge:
             self.baseline = getattr(base, task["entry_point"])
         # The reference's timed calls take the same steps as the candidate's, its interpreter-hook check included:
         # on CPU, where no device clock leaves that host time out, the calibration candidate (the reference's own
-        # call) read 0.28-0.38x on its 4096-element multiplies without it (the check: ~11 us of ~29), 0.57-0.76x
+        # call) read 0.28-0.38x on its 4096-element multiplies without it (the check: ~11 us of ~29), 0.53-0.76x
         # with it (session 13; likely the rest: the candidate's process has just woken from the judge's seed round
         # trip). On a GPU it runs under the launch cover. Made after the task's modules are imported: the check
         # puts back what it saw then (gc callbacks, trace and profile functions) after every call.

@@ -119,24 +119,23 @@ def calibrate(rows: list) -> None:
     source = (ROOT / "tools" / "calibration" / "kernel.py").read_text()
     # The reference (the same vendor call) is timed in every evaluation: a search ranks candidates by speedups, and
     # their spread over evaluations says how much of the absolute times' spread the GPU's state shares between a
-    # candidate and its reference.
-    # Every timed call, from the judge: each burst's mean shows whether a workload's bursts agree (a later burst
-    # follows the judge's checks of the one before, with the GPU idle meanwhile).
+    # candidate and its reference. Every timed call is traced by the judge: each burst's mean shows whether a
+    # workload's bursts agree (a later burst follows the judge's checks of the one before, the GPU idle meanwhile).
     trace = Path(tempfile.mkdtemp()) / "trace.jsonl"
     trace.touch()
     os.environ[TRACE_ENV] = str(trace)  # before the evaluator: its prestarted processes inherit it
     try:
         evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0,
                                         reuse_reference_timings_s=0)
-        runs, bursts, seen = [], [], 0
+        runs, bursts, lines_read = [], [], 0
         for i in range(3):
             r = evaluator.evaluate(task, {"kernel.py": source}, attempt_id=f"calibration-{i}")
             print(f"calibration evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.1f} s {r.log_excerpt[:300]}",
                   flush=True)
             runs.append(r)
             lines = trace.read_text().splitlines()
-            bursts.append([json.loads(line) for line in lines[seen:]])
-            seen = len(lines)
+            bursts.append([json.loads(line) for line in lines[lines_read:]])
+            lines_read = len(lines)
         evaluator.close()  # its prestarted processes would share the GPU with the independent timings below
     finally:
         del os.environ[TRACE_ENV]  # the TriMul evaluations after this are not traced
