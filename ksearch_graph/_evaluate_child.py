@@ -575,7 +575,7 @@ class Judge:
             first = len(times)
             seeds = [derive_seed(self.base_seed, name, "time", first + k)
                      for k in range(self.burst_size(first, self.call_bytes[name], call_s))]
-            heat_s = rl.HEAT_S if first else rl.HEAT_MAX_S + 2 * call_s
+            heat_s = (rl.HEAT_MIN_S if first else rl.HEAT_MAX_S) + 2 * call_s  # a later burst's heat: at most HEAT_MIN_S
             deadline = time.monotonic() + self.args.call_timeout_s + (
                 len(seeds) * (1 + rl.FILL_MAX) + 2) * 4 * call_s + heat_s
             reply = runner.request(("burst", name, params, len(seeds), derive_seed(self.base_seed, name, "heat", first),

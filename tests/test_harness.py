@@ -498,8 +498,13 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
     assert heat(limited=False) >= rl.HEAT_MIN_S and timer.limited and timer.limited_by == "no NVML"
     nvml.available = True
     asked.clear()
-    timer.heat(None, (), first=False)  # a later burst of the same workload
-    assert asked == [rl.HEAT_S] and timer.limited
+    timer.heat(None, (), first=False)  # a later burst of the same workload, power-limited: the GPU idled meanwhile
+    assert asked == [rl.HEAT_MIN_S] and timer.limited
+    timer.limited = False
+    asked.clear()
+    timer.heat(None, (), first=False)  # not power-limited: a short heat
+    assert asked == [rl.HEAT_S] and not timer.limited
+    timer.limited = True
     # Fillers: enough that calls fill FILL_DUTY of the time, at most FILL_MAX x the timed call.
     asked.clear()
     timer.fill(None, (), gap_s=0.0, call_us=100.0)  # nothing else between calls: no fillers
