@@ -333,6 +333,9 @@ def test_timing_bursts_grow_within_memory_budget_and_run_limits():
     assert j.burst_size(3, small, 1e-3) == 6 and j.burst_size(24, small, 1e-3) == 48
     assert j.burst_size(96, small, 1e-6) == rl.MAX_RUNS - 96  # never past MAX_RUNS in all
     assert j.burst_size(3, small, 0.2) == rl.MIN_RUNS  # 0.5 s of budget fits 2 calls: MIN_RUNS still
+    # A power-limited workload: every burst the same length (a longer one reads faster under the cap).
+    assert j.burst_size(3, small, 1e-3, limited=True) == j.burst_size(24, small, 1e-3, limited=True) == rl.MIN_RUNS
+    assert j.burst_size(0, judge.BURST_BYTES_CPU // 2, 1e-3, limited=True) == 2  # the memory cap still
     assert j.burst_size(0, judge.BURST_BYTES_CPU // 2, 1e-3) == 2  # the memory cap
     assert j.burst_size(0, judge.BURST_BYTES_CPU * 3, 1e-3) == 1  # bigger than the cap: one call at a time
 
