@@ -96,9 +96,11 @@ TRACE_ENV = "KSEARCH_TIMING_TRACE"
 ESCAPE_SLACK_US = 10.0  # device work past a call's end event (median), before it counts as the call's
 CHECK_PROBABILITY = 0.2  # share of timed calls (besides the first and last) whose output is re-checked
 # Timed calls run in bursts (see rl.timed_burst), whose inputs and output copies are kept until the judge has picked
-# and checked some: at most 8 GB of them on a GPU (an eighth of its memory where that is less: 3 GB on a 24 GB
-# card), 256 MB on CPU.
-BURST_BYTES_GPU, BURST_BYTES_CPU = 8 << 30, 256 << 20
+# and checked some: at most a BURST_MEMORY_SHARE of the GPU's memory (17.6 GB on an H200, 10 GB on an 80 GB H100,
+# 3 GB on a 24 GB card), 256 MB on CPU. Each burst of a power-limited workload gets a heat of its own (rl.Timer.heat),
+# so the memory decides how many there are for large inputs: TriMul's three largest workloads (1.1-3.2 GB a call)
+# filled a fixed 8 GB after 7, 4 and 2 calls, 7 later bursts in all against 2 now (session 14).
+BURST_MEMORY_SHARE, BURST_BYTES_CPU = 8, 256 << 20
 TRIVIAL_REL_L2 = 0.5  # an output this far from the reference in L2 fails even if every element is within atol
 COMPARE_CHUNK = 1 << 26  # elements compared at a time in float64 (bounds the comparison's extra memory)
 DEVICE = "cpu"  # set once by evaluate()
@@ -533,7 +535,7 @@ class Judge:
         (session 14, H200: a 4096^3 bf16 matmul read 185.8, 182.5 and 181.4 us in evaluations of 10, 30 and 90
         calls; its bursts in one evaluation 186.4, 183.1 and 180.0 us for 10, 20 and 60 calls)."""
         if DEVICE == "cuda":
-            memory = min(BURST_BYTES_GPU, torch.cuda.get_device_properties(0).total_memory // 8)
+            memory = torch.cuda.get_device_properties(0).total_memory // BURST_MEMORY_SHARE
         else:
             memory = BURST_BYTES_CPU
         size = self.min_runs if not done or limited else max(self.min_runs, min(2 * done, int(
