@@ -527,7 +527,9 @@ class Judge:
 
     def burst_size(self, done: int, call_bytes: int, call_s: float, limited: bool = False) -> int:
         """How many calls the next burst makes: MIN_RUNS first, then twice as many as so far (fewer heats), within
-        half the timing budget, the burst memory (inputs and output copies) and MAX_RUNS in all.
+        half the timing budget, the burst memory (inputs and output copies) and MAX_RUNS in all. Where the memory
+        holds fewer than MIN_RUNS calls, MIN_RUNS are split into equal bursts (5 + 5 for a memory of 9 calls, not
+        9 + 9: the second burst would have made the calls up to MIN_RUNS and as many again).
 
         A power-limited workload's bursts all make MIN_RUNS calls, each after the same heat (rl.Timer.heat): its
         calls speed up through a burst, the fillers keeping the GPU a little below the load that holds it at its
@@ -538,9 +540,11 @@ class Judge:
             memory = torch.cuda.get_device_properties(0).total_memory // BURST_MEMORY_SHARE
         else:
             memory = BURST_BYTES_CPU
-        size = self.min_runs if not done or limited else max(self.min_runs, min(2 * done, int(
+        fits = max(1, memory // max(1, call_bytes))
+        even = -(-self.min_runs // -(-self.min_runs // fits))  # MIN_RUNS in the fewest bursts that fit, equal
+        size = even if not done or limited else max(self.min_runs, min(2 * done, int(
             self.args.time_budget_s / 2 / max(call_s, 1e-6))))
-        return max(1, min(size, memory // max(1, call_bytes), rl.MAX_RUNS - done))
+        return max(1, min(size, fits, rl.MAX_RUNS - done))
 
     def time_local(self, fn, w: dict, tag: str) -> dict:
         """Reference or baseline timing: the candidate's procedure, run here on this side's functions."""

@@ -338,6 +338,14 @@ def test_timing_bursts_grow_within_memory_budget_and_run_limits():
     assert j.burst_size(0, judge.BURST_BYTES_CPU // 2, 1e-3, limited=True) == 2  # the memory cap still
     assert j.burst_size(0, judge.BURST_BYTES_CPU // 2, 1e-3) == 2  # the memory cap
     assert j.burst_size(0, judge.BURST_BYTES_CPU * 3, 1e-3) == 1  # bigger than the cap: one call at a time
+    # A memory that holds fewer than MIN_RUNS calls: MIN_RUNS in equal bursts (a power-limited workload's bursts stay
+    # that size; another's grow).
+    j.min_runs = 10
+    nine = judge.BURST_BYTES_CPU // 9
+    assert j.burst_size(0, nine, 1e-3) == 5 and j.burst_size(5, nine, 1e-3, limited=True) == 5
+    assert j.burst_size(5, nine, 1e-3) == 9
+    assert j.burst_size(0, judge.BURST_BYTES_CPU // 3, 1e-3) == 3  # 3 + 3 + 3 + 3: 4 bursts either way
+    assert j.burst_size(0, judge.BURST_BYTES_CPU // 4, 1e-3) == 4  # 4 + 4 + 4
 
 
 
