@@ -96,10 +96,10 @@ TRACE_ENV = "KSEARCH_TIMING_TRACE"
 ESCAPE_SLACK_US = 10.0  # device work past a call's end event (median), before it counts as the call's
 CHECK_PROBABILITY = 0.2  # share of timed calls (besides the first and last) whose output is re-checked
 # Timed calls run in bursts (see rl.timed_burst), whose inputs and output copies are kept until the judge has picked
-# and checked some: at most a BURST_MEMORY_SHARE of the GPU's memory (17.6 GB on an H200, 10 GB on an 80 GB H100,
-# 3 GB on a 24 GB card), 256 MB on CPU. Each burst of a power-limited workload gets a heat of its own (rl.Timer.heat),
-# so the memory decides how many there are for large inputs: TriMul's three largest workloads (1.1-3.2 GB a call)
-# filled a fixed 8 GB after 7, 4 and 2 calls, 7 later bursts in all against 2 now (session 14).
+# and checked some: at most a BURST_MEMORY_SHARE of the GPU's memory (17.4 GiB of an H200's 139, 10 GiB on an 80 GB
+# H100, 3 GiB on a 24 GB card), 256 MB on CPU. Each burst of a power-limited workload gets a heat of its own
+# (rl.Timer.heat), so for large inputs the memory decides how many heats there are: TriMul's three largest workloads
+# (1.2, 2.0 and 3.5 GB a call) filled a fixed 8 GiB after 7, 4 and 2 calls, 7 later bursts in all; 2 now (session 14).
 BURST_MEMORY_SHARE, BURST_BYTES_CPU = 8, 256 << 20
 TRIVIAL_REL_L2 = 0.5  # an output this far from the reference in L2 fails even if every element is within atol
 COMPARE_CHUNK = 1 << 26  # elements compared at a time in float64 (bounds the comparison's extra memory)
