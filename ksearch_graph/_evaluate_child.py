@@ -531,18 +531,20 @@ class Judge:
         holds fewer than MIN_RUNS calls, MIN_RUNS are split into equal bursts (5 + 5 for a memory of 9 calls, not
         9 + 9: the second burst would have made the calls up to MIN_RUNS and as many again).
 
-        A power-limited workload's bursts all make MIN_RUNS calls, each after the same heat (rl.Timer.heat): its
-        calls speed up through a burst, the fillers keeping the GPU a little below the load that holds it at its
-        cap, so a longer burst reads faster, and the mean depended on how many bursts the stopping rule asked for
-        (session 14, H200: a 4096^3 bf16 matmul read 185.8, 182.5 and 181.4 us in evaluations of 10, 30 and 90
-        calls; its bursts in one evaluation 186.4, 183.1 and 180.0 us for 10, 20 and 60 calls)."""
+        A power-limited workload's bursts all make MIN_RUNS calls, each after at least 0.2 s of heat
+        (rl.Timer.heat): its calls speed up through a burst, the fillers keeping the GPU a little below the load that
+        holds it at its cap, so a longer burst reads faster, and the mean depended on how many bursts the stopping
+        rule asked for (session 14, H200: a 4096^3 bf16 matmul read 185.8, 182.5 and 181.4 us in evaluations of 10,
+        30 and 90 calls; its bursts in one evaluation 186.4, 183.1 and 180.0 us for 10, 20 and 60 calls). The first
+        burst still differs a little: it follows the workload's first heat, which runs until the calls stop slowing
+        (an 8192^3 matmul's first read 2-4% faster than its later ones)."""
         if DEVICE == "cuda":
             memory = torch.cuda.get_device_properties(0).total_memory // BURST_MEMORY_SHARE
         else:
             memory = BURST_BYTES_CPU
         fits = max(1, memory // max(1, call_bytes))
         even = -(-self.min_runs // -(-self.min_runs // fits))  # MIN_RUNS in the fewest bursts that fit, equal
-        size = even if not done or limited else max(self.min_runs, min(2 * done, int(
+        size = even if done < self.min_runs or limited else max(self.min_runs, min(2 * done, int(
             self.args.time_budget_s / 2 / max(call_s, 1e-6))))
         return max(1, min(size, fits, rl.MAX_RUNS - done))
 
@@ -589,7 +591,8 @@ class Judge:
             seeds = [derive_seed(self.base_seed, name, "time", first + k)
                      for k in range(self.burst_size(first, self.call_bytes[name], call_s,
                                                     self.power_limited.get(name, False)))]
-            heat_s = (rl.HEAT_MIN_S if first else rl.HEAT_MAX_S) + 2 * call_s  # a later burst's heat: at most HEAT_MIN_S
+            # A later burst's heat: HEAT_MIN_S (or HEAT_S), plus the calls still in flight when it ends.
+            heat_s = (rl.HEAT_MIN_S if first else rl.HEAT_MAX_S) + 2 * call_s
             deadline = time.monotonic() + self.args.call_timeout_s + (
                 len(seeds) * (1 + rl.FILL_MAX) + 2) * 4 * call_s + heat_s
             reply = runner.request(("burst", name, params, len(seeds), derive_seed(self.base_seed, name, "heat", first),

@@ -317,7 +317,7 @@ def test_compile_and_call_limits_are_separate(results):
     assert "input set 2/2" in r.log_excerpt and r.wall_s < 60
 
 
-def test_timing_bursts_grow_within_memory_budget_and_run_limits():
+def test_timing_bursts_grow_within_memory_budget_and_run_limits(monkeypatch):
     """Timed calls run in bursts on inputs generated beforehand: MIN_RUNS first, then twice what was done, within
     half the time budget, the burst memory and MAX_RUNS; a workload too big for the burst memory goes one call at a
     time."""
@@ -338,14 +338,20 @@ def test_timing_bursts_grow_within_memory_budget_and_run_limits():
     assert j.burst_size(0, judge.BURST_BYTES_CPU // 2, 1e-3, limited=True) == 2  # the memory cap still
     assert j.burst_size(0, judge.BURST_BYTES_CPU // 2, 1e-3) == 2  # the memory cap
     assert j.burst_size(0, judge.BURST_BYTES_CPU * 3, 1e-3) == 1  # bigger than the cap: one call at a time
-    # A memory that holds fewer than MIN_RUNS calls: MIN_RUNS in equal bursts (a power-limited workload's bursts stay
-    # that size; another's grow).
+    # A memory that holds fewer than MIN_RUNS calls: MIN_RUNS in equal bursts (then a power-limited workload's bursts
+    # stay that size; another's grow).
     j.min_runs = 10
     nine = judge.BURST_BYTES_CPU // 9
-    assert j.burst_size(0, nine, 1e-3) == 5 and j.burst_size(5, nine, 1e-3, limited=True) == 5
-    assert j.burst_size(5, nine, 1e-3) == 9
+    assert j.burst_size(0, nine, 1e-3) == j.burst_size(5, nine, 1e-3) == 5
+    assert j.burst_size(10, nine, 1e-3, limited=True) == 5 and j.burst_size(10, nine, 1e-3) == 9
     assert j.burst_size(0, judge.BURST_BYTES_CPU // 3, 1e-3) == 3  # 3 + 3 + 3 + 3: 4 bursts either way
     assert j.burst_size(0, judge.BURST_BYTES_CPU // 4, 1e-3) == 4  # 4 + 4 + 4
+    # On a GPU the burst memory is an eighth of the device's, with no ceiling (an H200's 139 GiB: 17.4 GiB).
+    monkeypatch.setattr(judge, "DEVICE", "cuda")
+    monkeypatch.setattr(judge, "torch", SimpleNamespace(cuda=SimpleNamespace(
+        get_device_properties=lambda device: SimpleNamespace(total_memory=139 << 30))))
+    assert j.burst_size(0, 2 << 30, 1e-3) == 5  # 8 calls fit: 5 + 5
+    assert j.burst_size(0, (139 << 30) // 8 // 10, 1e-3) == 10  # exactly 10 fit
 
 
 

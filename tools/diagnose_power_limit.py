@@ -221,11 +221,13 @@ BURST_SETTINGS = ((0.02, 16.0), (0.2, 16.0), (0.02, 64.0), (0.2, 64.0))
 
 
 def bursts(rl, timer, torch, mm) -> None:
-    """Two bursts of each power-limited matmul as an evaluation makes them: the first heat, 10 timed calls, the
-    judge's gap, a later heat, 20 timed calls; each burst's mean against do_bench, per setting of the later heat
-    and the fillers. Session 13: of nine evaluations of the 4096^3 matmul, the five that stopped after one burst read
-    182.5-185.9 us, the four with a second 178.3-179.5 us (its calls ~5% faster than the first's), a 3.6% spread
-    over repeated evaluations; do_bench read 189-194 us."""
+    """Two bursts of each power-limited matmul as an evaluation made them before session 14: the first heat, 10
+    timed calls, the judge's gap, a later heat, 20 timed calls; each burst's mean against do_bench, per setting of
+    the later heat and the fillers. (Since then a power-limited workload's bursts all make 10 calls, because calls
+    speed up through a longer burst: "2 vs 1" here holds that drift as well as the later heat's effect.)
+    Session 13: of nine evaluations of the 4096^3 matmul, the five that stopped after one burst read 182.5-185.9
+    us, the four with a second 178.3-179.5 us (its calls ~5% faster than the first's), a 3.6% spread over
+    repeated evaluations; do_bench read 189-194 us."""
     import statistics
 
     import triton.testing
@@ -252,7 +254,8 @@ def bursts(rl, timer, torch, mm) -> None:
                 timer.heat(fn, args, first=True)
                 one = statistics.fmean(d[1] for d in rl.timed_burst(timer, 10, next_call, filler=(fn, args)))
                 time.sleep(JUDGE_GAP_S)
-                # A later heat lasts HEAT_MIN_S where limited, HEAT_S otherwise; HEAT_MIN_S is also a first heat's least.
+                # A later heat lasts HEAT_MIN_S where limited, HEAT_S otherwise (HEAT_MIN_S is also a first heat's
+                # least: set only around the later one).
                 rl.HEAT_S = rl.HEAT_MIN_S = later_heat_s
                 timer.heat(fn, args, first=False)
                 rl.HEAT_S, rl.HEAT_MIN_S = kept[:2]
