@@ -755,6 +755,11 @@ class Timer:
         self.sync()
         self.untimed_us += [self.elapsed(a, b) * 1e3 for a, b in pairs]
 
+    @property
+    def power_limited(self) -> bool:
+        """Whether the current workload's first heat found the GPU at its power limit (never on CPU)."""
+        return bool(self.cuda and self.limited)
+
     def heat(self, fn, args, first: bool) -> None:
         """The candidate's own calls back to back before a burst of timed calls; before a workload's ``first`` burst,
         until a window of them is no slower than the one before, and long enough for a power-limited kernel to
@@ -1055,7 +1060,7 @@ class Runner:
     def flags(self, patches: bool = True) -> dict:
         """What the judge checks after each call and burst; ``patches``: look for replaced library functions too
         (LibraryPatches, ~0.7 ms), not needed when an output already checked is sent again."""
-        flags = {"reference_calls": self.reference_calls, "power_limited": bool(self.timer.cuda and self.timer.limited),
+        flags = {"reference_calls": self.reference_calls, "power_limited": self.timer.power_limited,
                  "heat_s": self.timer.spent_s["heat"], "fill_s": self.timer.spent_s["fill"]}
         if self.timer.hooks is not None and self.timer.hooks.found:
             flags["interpreter_hooks"] = list(self.timer.hooks.found)

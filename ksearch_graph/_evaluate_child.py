@@ -543,7 +543,7 @@ class Judge:
         else:
             memory = BURST_BYTES_CPU
         fits = max(1, memory // max(1, call_bytes))
-        even = -(-self.min_runs // -(-self.min_runs // fits))  # MIN_RUNS in the fewest bursts that fit, equal
+        even = math.ceil(self.min_runs / math.ceil(self.min_runs / fits))  # MIN_RUNS in the fewest bursts that fit
         size = even if done < self.min_runs or limited else max(self.min_runs, min(2 * done, int(
             self.args.time_budget_s / 2 / max(call_s, 1e-6))))
         return max(1, min(size, fits, rl.MAX_RUNS - done))
@@ -564,12 +564,11 @@ class Judge:
             del out, warm
             started = time.perf_counter()
             while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs,
-                                        self.timer.cuda and self.timer.limited):
+                                        self.timer.power_limited):
                 first = len(times)
                 self.timer.untimed_us = []  # only the candidate's are checked; here they would just pile up
                 self.timer.heat(f, a, first == 0)
-                done = rl.timed_burst(self.timer, self.burst_size(first, call_bytes, call_s,
-                                                                  self.timer.cuda and self.timer.limited),
+                done = rl.timed_burst(self.timer, self.burst_size(first, call_bytes, call_s, self.timer.power_limited),
                                       lambda k: call(first + k),  # noqa: B023 (called before the next iteration)
                                       filler=(f, a))
                 times += [us for _, us, *_ in done]
