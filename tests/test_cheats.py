@@ -261,8 +261,8 @@ def evaluations(task, probe, marker):
         "network": job("network", **{r"PROBE_PORT = \d+": f"PROBE_PORT = {probe.port}"}),
     }
     if ON_GPU:
-        jobs |= {name: job(name) for name in ("side_stream", "lazy_thread", "l2_persist", "stream_switch",
-                                              "overlap_cover", "cool_fillers")}
+        jobs |= {name: job(name) for name in ("side_stream", "side_stream_first_burst", "lazy_thread", "l2_persist",
+                                              "stream_switch", "overlap_cover", "cool_fillers")}
         jobs |= {name: then_honest(name) for name in ("illegal_memory", "cuda_oom")}
     with pytest.MonkeyPatch.context() as mp:
         for key, value in SECRETS.items():  # the search process's own environment has them too
@@ -406,6 +406,16 @@ def test_replacing_a_function_the_harness_calls_is_suspicious(evaluations, hones
 @pytest.mark.parametrize("name", ["side_stream", "lazy_thread", "stream_switch", "overlap_cover", "l2_persist"])
 def test_gpu_timing_cheat_gains_nothing(evaluations, honest, name):
     assert_no_timing_gain(evaluations[name], honest)
+
+
+@pytest.mark.gpu
+def test_side_stream_work_in_the_first_burst_only_is_dropped_and_timed_again(evaluations, honest):
+    """The first burst that leaves work running is not kept (an honest host can read a burst's tails long): the
+    workload is timed again, so escaping only while the harness decides gains nothing."""
+    r = evaluations["side_stream_first_burst"]
+    assert_no_timing_gain(r, honest)
+    if r.status == Status.passed:
+        assert "dropped and timed again" in r.log_excerpt, show(r)
 
 
 @pytest.mark.gpu

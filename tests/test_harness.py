@@ -317,6 +317,30 @@ def test_compile_and_call_limits_are_separate(results):
     assert "input set 2/2" in r.log_excerpt and r.wall_s < 60
 
 
+def test_a_burst_that_leaves_work_running_is_timed_again_once_then_charged():
+    """Side-stream work, judged per burst: the first burst whose median tail minus probe is over max(10 us, 20% of
+    its median call) is dropped (an honest host's wake-up can read long for a whole burst); a second one charges the
+    workload. A few slow calls, or a tail within the slack, are kept."""
+    from ksearch_graph._evaluate_child import ESCAPE_SLACK_US, SideStreamRule
+
+    call = [77.0] * 10
+    honest = SideStreamRule()
+    assert honest.verdict(call, [3.0] * 7 + [40.0] * 3) == "keep"  # a few long tails: not the median
+    assert honest.verdict(call, [ESCAPE_SLACK_US + 5] * 10) == "keep"  # within 20% of a 77 us call (15.4 us)
+    assert honest.verdict(call, [17.0] * 10) == "drop"  # session 15's honest burst
+    assert honest.verdict(call, [2.0] * 10) == "keep" and not honest.charged  # timed again: clean
+
+    long_call = [1000.0] * 10
+    assert SideStreamRule().verdict(long_call, [150.0] * 10) == "keep"  # 20% of the call is the slack
+    assert SideStreamRule().verdict([5.0] * 10, [ESCAPE_SLACK_US + 1] * 10) == "drop"  # 10 us at least
+
+    cheat = SideStreamRule()
+    assert cheat.verdict(call, [70.0] * 10) == "drop"
+    assert cheat.verdict(call, [2.0] * 10) == "keep"
+    assert cheat.verdict(call, [70.0] * 10) == "charge" and cheat.charged and cheat.extra_us == 70.0
+    assert cheat.verdict(call, [2.0] * 10) == "keep" and cheat.extra_us == 70.0  # charged stays charged
+
+
 def test_timing_bursts_grow_within_memory_budget_and_run_limits(monkeypatch):
     """Timed calls run in bursts on inputs generated beforehand: MIN_RUNS first, then twice what was done, within
     half the time budget, the burst memory and MAX_RUNS; a workload too big for the burst memory goes one call at a
@@ -886,7 +910,8 @@ def test_a_timing_trace_has_every_timed_call_of_reference_and_candidate_and_the_
     assert [line["at"] for line in lines] == sorted(line["at"] for line in lines)  # written as the bursts came
     for w in r.workloads:
         for who, runs in (("reference", None), ("candidate", w.runs)):
-            calls = [c for line in lines if (line["who"], line["workload"]) == (who, w.workload) for c in line["calls"]]
+            calls = [c for line in lines if (line["who"], line["workload"]) == (who, w.workload)
+                     and not line.get("dropped") for c in line["calls"]]
             assert len(calls) >= 3 and all(len(c) == 4 for c in calls), (who, w.workload, calls)
             if runs is not None:
                 assert len(calls) == runs

@@ -153,7 +153,9 @@ def calibrate(rows: list) -> None:
                "harness_std_us": [round(x.std_us, 2) for x in found],
                "speedups": [round(x.speedup, 4) for x in found if x.speedup],
                # per passed evaluation, per side: [(first call's index, calls, mean device us)] of each burst
+               # (a burst the side-stream rule dropped and timed again ends with "dropped")
                "bursts": [{who: [(b["first"], len(b["calls"]), round(statistics.fmean(c[0] for c in b["calls"]), 2))
+                                 + (("dropped",) if b.get("dropped") else ())
                                  for b in done if b["who"] == who and b["workload"] == w.name]
                            for who in ("candidate", "reference")}
                           for r, done in zip(runs, bursts) if r.passed]}
@@ -231,8 +233,8 @@ def markdown(report: dict) -> str:
     if report["calibration"]:
         lines += ["", "Each burst of timed calls (candidate; reference): calls, mean; evaluations apart by |."]
     for row in report["calibration"]:
-        cells = [" ".join(f"{n}: {us:.1f}" for _, n, us in e["candidate"]) + "; "
-                 + " ".join(f"{n}: {us:.1f}" for _, n, us in e["reference"]) for e in row.get("bursts", [])]
+        cells = [" ".join(f"{n}: {us:.1f}{' (dropped)' if dropped else ''}" for _, n, us, *dropped in e["candidate"])
+                 + "; " + " ".join(f"{n}: {us:.1f}" for _, n, us in e["reference"]) for e in row.get("bursts", [])]
         lines.append(f"- {row['workload']}: " + " | ".join(cells))
     for i, t in enumerate(report.get("trimul", [])):
         lines.append("")
