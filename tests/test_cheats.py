@@ -261,8 +261,9 @@ def evaluations(task, probe, marker):
         "network": job("network", **{r"PROBE_PORT = \d+": f"PROBE_PORT = {probe.port}"}),
     }
     if ON_GPU:
-        jobs |= {name: job(name) for name in ("side_stream", "side_stream_first_burst", "lazy_thread", "l2_persist",
-                                              "stream_switch", "overlap_cover", "cool_fillers")}
+        jobs |= {name: job(name) for name in ("side_stream", "side_stream_first_burst", "side_stream_some",
+                                              "lazy_thread", "l2_persist", "stream_switch", "overlap_cover",
+                                              "cool_fillers")}
         jobs |= {name: then_honest(name) for name in ("illegal_memory", "cuda_oom")}
     with pytest.MonkeyPatch.context() as mp:
         for key, value in SECRETS.items():  # the search process's own environment has them too
@@ -298,18 +299,24 @@ def median_latencies(r: EvalResult) -> dict[str, float]:
             for w in r.workloads if w.timed and (w.median_us or w.latency_us)}
 
 
+def mean_latencies(r: EvalResult) -> dict[str, float]:
+    return {w.workload: w.latency_us for w in r.workloads if w.timed and w.latency_us}
+
+
 def assert_no_timing_gain(r: EvalResult, honest: list[EvalResult]) -> None:
-    """Flagged (not passed), or no workload much faster than the honest candidate (its fastest evaluation)."""
+    """Flagged (not passed), or no workload much faster than the honest candidate (its fastest evaluation), in median
+    or in mean (the score's: a cheat in a few calls moves the mean, not the median)."""
     if r.status != Status.passed:
         assert r.score == 0, show(r)
         return
-    mine = median_latencies(r)
-    fair = {name: min(median_latencies(h)[name] for h in honest) for name in median_latencies(honest[0])}
-    for name, honest_us in fair.items():
-        got = mine.get(name)
-        assert got is not None and got >= TIMING_FACTOR * honest_us, (
-            f"workload {name}: the cheat passed with {got} us against the honest {honest_us:.4g} us "
-            f"(< {TIMING_FACTOR}x)\n" + show(r))
+    for which, latencies in (("median", median_latencies), ("mean", mean_latencies)):
+        mine = latencies(r)
+        fair = {name: min(latencies(h)[name] for h in honest) for name in latencies(honest[0])}
+        for name, honest_us in fair.items():
+            got = mine.get(name)
+            assert got is not None and got >= TIMING_FACTOR * honest_us, (
+                f"workload {name}: the cheat passed with a {which} of {got} us against the honest {honest_us:.4g} "
+                f"us (< {TIMING_FACTOR}x)\n" + show(r))
 
 
 # --- calibration ---------------------------------------------------------------------------------------------------
@@ -403,7 +410,8 @@ def test_replacing_a_function_the_harness_calls_is_suspicious(evaluations, hones
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["side_stream", "lazy_thread", "stream_switch", "overlap_cover", "l2_persist"])
+@pytest.mark.parametrize("name", ["side_stream", "side_stream_some", "lazy_thread", "stream_switch", "overlap_cover",
+                                  "l2_persist"])
 def test_gpu_timing_cheat_gains_nothing(evaluations, honest, name):
     assert_no_timing_gain(evaluations[name], honest)
 
@@ -415,7 +423,7 @@ def test_side_stream_work_in_the_first_burst_only_is_dropped_and_timed_again(eva
     r = evaluations["side_stream_first_burst"]
     assert_no_timing_gain(r, honest)
     if r.status == Status.passed:
-        assert "dropped and timed again" in r.log_excerpt, show(r)
+        assert "dropped and timed again" in r.log_excerpt and "every call timed until" not in r.log_excerpt, show(r)
 
 
 @pytest.mark.gpu

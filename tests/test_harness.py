@@ -317,28 +317,108 @@ def test_compile_and_call_limits_are_separate(results):
     assert "input set 2/2" in r.log_excerpt and r.wall_s < 60
 
 
-def test_a_burst_that_leaves_work_running_is_timed_again_once_then_charged():
-    """Side-stream work, judged per burst: the first burst whose median tail minus probe is over max(10 us, 20% of
-    its median call) is dropped (an honest host's wake-up can read long for a whole burst); a second one charges the
-    workload. A few slow calls, or a tail within the slack, are kept."""
+def test_a_burst_that_leaves_work_running_is_timed_again_then_charged():
+    """Side-stream work, judged per burst on the mean of tail minus probe, its largest call left out: a burst over
+    max(10 us, 20% of its median call) is dropped (an honest host's wake-ups can read long for a whole burst), twice;
+    the third charges the workload. One long call, or a tail within the slack, is kept; work hidden in a minority of
+    calls is not."""
     from ksearch_graph._evaluate_child import ESCAPE_SLACK_US, SideStreamRule
 
     call = [77.0] * 10
     honest = SideStreamRule()
-    assert honest.verdict(call, [3.0] * 7 + [40.0] * 3) == "keep"  # a few long tails: not the median
+    assert honest.verdict(call, [3.0] * 9 + [144.0]) == "keep"  # one long wake-up (a collection) is left out
+    assert honest.verdict(call, [3.0] * 8 + [40.0] * 2) == "keep"  # (3 * 8 + 40) / 9 = 7.1 us
     assert honest.verdict(call, [ESCAPE_SLACK_US + 5] * 10) == "keep"  # within 20% of a 77 us call (15.4 us)
     assert honest.verdict(call, [17.0] * 10) == "drop"  # session 15's honest burst
     assert honest.verdict(call, [2.0] * 10) == "keep" and not honest.charged  # timed again: clean
-
-    long_call = [1000.0] * 10
-    assert SideStreamRule().verdict(long_call, [150.0] * 10) == "keep"  # 20% of the call is the slack
+    assert honest.verdict(call, [-30.0] * 4 + [40.0] * 6) == "drop"  # a long probe offsets no other call's tail
+    assert SideStreamRule().verdict([1000.0] * 10, [150.0] * 10) == "keep"  # 20% of the call is the slack
     assert SideStreamRule().verdict([5.0] * 10, [ESCAPE_SLACK_US + 1] * 10) == "drop"  # 10 us at least
+    assert SideStreamRule().verdict([77.0], [20.0]) == "drop"  # a burst of one call: its own figure
 
     cheat = SideStreamRule()
-    assert cheat.verdict(call, [70.0] * 10) == "drop"
+    some = [0.0] * 6 + [77.0] * 4  # work hidden in 4 calls of 10: the median (0) would not see it
+    assert cheat.verdict(call, some) == "drop" and cheat.extra_us == pytest.approx(3 * 77 / 9)
     assert cheat.verdict(call, [2.0] * 10) == "keep"
-    assert cheat.verdict(call, [70.0] * 10) == "charge" and cheat.charged and cheat.extra_us == 70.0
-    assert cheat.verdict(call, [2.0] * 10) == "keep" and cheat.extra_us == 70.0  # charged stays charged
+    assert cheat.verdict(call, some) == "drop"
+    assert cheat.verdict(call, some) == "charge" and cheat.charged and cheat.dropped == 2
+    assert cheat.verdict(call, [2.0] * 10) == "keep" and cheat.extra_us == pytest.approx(3 * 77 / 9)
+    assert cheat.reported([77.0, 5.0], [80.0, 3.0]) == [157.0, 8.0]  # charged: every call its whole tail
+    assert honest.reported([77.0, 5.0], [80.0, 3.0]) == [77.0, 5.0]
+
+
+def test_the_judge_drops_a_flagged_burst_times_fresh_inputs_and_charges_the_third(tmp_path):
+    """The judge's timing loop with a stand-in for the candidate's process that reports long tails in chosen bursts:
+    a dropped burst's calls are not in the result, every burst gets seeds of its own, the trace marks the dropped
+    ones, and a third flagged burst charges every kept call its tail."""
+    import random
+    from types import SimpleNamespace
+
+    from ksearch_graph import _evaluate_child as judge
+
+    rl = judge.rl  # the judge's own import of the runner module
+    rl.load_torch()
+
+    class Runner:
+        def __init__(self, long_tails: set[int]):
+            self.long_tails, self.bursts, self.seeds, self.pending = long_tails, [], [], None
+
+        def request(self, msg, timeout_s, phase):
+            if msg[0] == "warm":
+                return "warm", 1e-4
+            if msg[0] == "burst":
+                self.pending = {"n": msg[3], "seeds": []}
+                self.bursts.append(self.pending)
+                return "next", 0
+            if msg[0] == "seed":
+                self.pending["seeds"].append(msg[1])
+                self.seeds.append(msg[1])
+                if len(self.pending["seeds"]) < self.pending["n"]:
+                    return "next", len(self.pending["seeds"])
+                k = len(self.bursts) - 1
+                tail = 60.0 if k in self.long_tails else 3.0
+                timed = [[77.0 + k, tail, 1.0, 200.0] for _ in self.pending["seeds"]]
+                prints = [rl.fingerprint(out) for out in self.outputs()]
+                return "timed", timed, prints, {}, None
+            if msg[0] == "send":
+                out = self.outputs()[msg[1]]
+                return "sent", out, [out.clone()], None, None, None
+            raise AssertionError(msg)
+
+        def outputs(self):
+            return [torch.full((4,), float(seed % 1000)) for seed in self.pending["seeds"]]
+
+        def send(self, msg):
+            assert msg == ("drop",)
+
+    def make_judge(trace_path: str | None):
+        j = judge.Judge.__new__(judge.Judge)
+        j.min_runs, j.base_seed, j.rng = 10, 12345, random.Random(0)
+        j.args = SimpleNamespace(time_budget_s=0.0, call_timeout_s=30.0)  # no budget: stop at min_runs
+        j.call_bytes, j.power_limited, j.trace_path = {"w": 1 << 10}, {}, trace_path
+        j.phases = {"timing_heat": 0.0, "timing_fill": 0.0, "reference": 0.0, "checks": 0.0}
+        j.inputs = lambda w, seed: [torch.full((4,), float(seed % 1000))]
+        j.reference = lambda inputs: inputs[0]
+        j.check = lambda *a, **k: (0.0, 0.0)
+        return j
+
+    w = {"name": "w", "params": {}}
+    trace = tmp_path / "trace.jsonl"
+    # The first burst reads long tails: dropped, timed again on fresh seeds, clean.
+    runner = Runner(long_tails={0})
+    times, notes = make_judge(str(trace)).time_candidate(runner, w)
+    assert times == [78.0] * 10  # the second burst's calls only, without their tails
+    assert len(runner.bursts) == 2 and len(set(runner.seeds)) == 20  # no input set twice
+    assert len(notes) == 1 and "calls 1-10" in notes[0] and "dropped and timed again" in notes[0]
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [(line["first"], line.get("dropped", False)) for line in lines] == [(0, True), (10, False)]
+
+    # Three flagged bursts in a row: two dropped, the third charged and kept with its tails.
+    runner = Runner(long_tails={0, 1, 2})
+    times, notes = make_judge(None).time_candidate(runner, w)
+    assert len(runner.bursts) == 3 and len(set(runner.seeds)) == 30
+    assert times == [79.0 + 60.0] * 10
+    assert "every call timed until the whole device was idle" in notes[-1] and "2 dropped" in notes[-1]
 
 
 def test_timing_bursts_grow_within_memory_budget_and_run_limits(monkeypatch):

@@ -1,8 +1,9 @@
 """Cheat class: timing, work on a side stream only while the harness might be deciding whether it does (GPU).
 
-How it cheats: as side_stream (the matmul and relu on a stream the caller's stream never waits for), but only for
-the first 12 input sets of each shape it sees (the warm-up's, the heat's and the first burst's 10 timed calls, which
-all exist at once, so their addresses differ); later calls are honest. A harness that forgives a first burst that
+How it cheats: as side_stream (the matmul and relu on a stream the caller's stream never waits for), but only on the
+first 12 input addresses of each shape it sees (about the warm-up's, the heat's and the first burst's 10 timed calls,
+which all exist at once, so their addresses differ; where the allocator gives the warm-up's and the heat's inputs one
+address, one more call escapes); later calls are honest. A harness that forgives a first burst that
 seems to leave work running, and keeps its times, would keep its escaped times.
 Expected: flagged, or a reported latency >= 0.7x the honest candidate's (the harness drops that burst and times the
 workload again).
