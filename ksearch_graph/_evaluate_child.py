@@ -484,7 +484,8 @@ class SideStreamRule:
     us, session 11) from deciding. The first MAX_DROPPED_BURSTS such bursts of a workload are dropped and timed again
     on fresh inputs, as the host's wake-ups can read long for a whole burst (an honest 77 us matmul, the first
     workload of a fresh process pair on the H200: 17 us median, its calls read 107 us, session 15); a dropped burst's
-    times are not kept, so hiding work in one only lets a candidate have a burst timed again. The next such burst
+    times are not kept, so hiding work in one only lets a candidate have a burst timed again (a re-roll, worth at most
+    the scatter between bursts: 1-3% on the H200). The next such burst
     charges every call of the workload its whole tail, the probe not taken off: the doubt is then on its side (a
     probe can read long: stream_switch's 32 us of side-stream work was charged 21 us, session 7)."""
 
