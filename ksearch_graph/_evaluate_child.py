@@ -485,9 +485,9 @@ class SideStreamRule:
     on fresh inputs, as the host's wake-ups can read long for a whole burst (an honest 77 us matmul, the first
     workload of a fresh process pair on the H200: 17 us median, its calls read 107 us, session 15); a dropped burst's
     times are not kept, so hiding work in one only lets a candidate have a burst timed again (a re-roll, worth at most
-    the scatter between bursts: 1-3% on the H200). The next such burst
-    charges every call of the workload its whole tail, the probe not taken off: the doubt is then on its side (a
-    probe can read long: stream_switch's 32 us of side-stream work was charged 21 us, session 7)."""
+    the scatter between bursts: 1-3% on the H200). The next such burst charges every call of the workload its whole
+    tail, the probe not taken off: the doubt is then on its side (a probe can read long: stream_switch's 32 us of
+    side-stream work was charged 21 us, session 7)."""
 
     MAX_DROPPED_BURSTS = 2
 
