@@ -1,15 +1,18 @@
 """The harness's GPU self-test, in one call on a GPU host: the test suite with its GPU tests, then a calibration table.
 
     python tools/gpu_selftest.py [--out DIR] [--skip-tests] [--skip-calibration] [--skip-trimul] [--tests FILE ...]
+                                 [--evaluations N] [--budget-s S]
 
 1. pytest over the harness's test files with the ``gpu`` marker included (on a CPU machine they skip themselves).
-2. Calibration (tools/calibration/): each workload evaluated by the harness three times, in fresh processes (the
+2. Calibration (tools/calibration/): each workload evaluated by the harness three times (``--evaluations``; each
+   workload's timing budget ``--budget-s``, the harness's default 1 s: a larger one shows whether more bursts
+   narrow a power-limited kernel's spread), in fresh processes (the
    reference, the same vendor call, timed in each: the spread of the speedups is that of a search's ranking; each
    burst of timed calls listed from the timing trace), and timed independently with none of the harness's code:
    ``triton.testing.do_bench`` (cold L2: it zeroes a 256 MB buffer before every call; 300 ms of uninterrupted
    calls), calls on 8 input sets in turn with a flush before and a synchronize after each (the harness's pattern
    without its checks and copies), and CUDA-graph replay of 20 calls (warm L2), each INDEPENDENT_ROUNDS times, a
-   round over all workloads. Prints a table: harness mean, its spread over the three evaluations, each independent
+   round over all workloads. Prints a table: harness mean, its spread over the evaluations, each independent
    figure (median of its rounds) with its own spread and the difference. The spreads matter for power-limited
    kernels: do_bench read a 4096^3 bf16 matmul at 176.6 and 192.3 us in two calls of session 10, so one reading of
    it cannot judge a 5% agreement.
@@ -110,7 +113,7 @@ INDEPENDENT = (*COMPARED, "graph_us")
 INDEPENDENT_ROUNDS = 3
 
 
-def calibrate(rows: list) -> None:
+def calibrate(rows: list, evaluations: int = 3, budget_s: float = 1.0) -> None:
     from ksearch_graph._evaluate_child import TRACE_ENV
     from ksearch_graph.evaluation import SubprocessEvaluator
     from ksearch_graph.task import load_task
@@ -125,10 +128,10 @@ def calibrate(rows: list) -> None:
     trace.touch()
     os.environ[TRACE_ENV] = str(trace)  # before the evaluator: its prestarted processes inherit it
     try:
-        evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0,
+        evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=budget_s,
                                         reuse_reference_timings_s=0)
         runs, bursts, lines_read = [], [], 0
-        for i in range(3):
+        for i in range(evaluations):
             r = evaluator.evaluate(task, {"kernel.py": source}, attempt_id=f"calibration-{i}")
             print(f"calibration evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.1f} s {r.log_excerpt[:300]}",
                   flush=True)
@@ -216,7 +219,8 @@ def markdown(report: dict) -> str:
     labels = {"do_bench_us": "do_bench (cold L2)", "rotated_us": "back to back, 8 input sets"}
     head = " | ".join(f"{labels[n]} | its spread | diff" for n in COMPARED)
     lines += [f"Independent figures: the median of {INDEPENDENT_ROUNDS} rounds, with their spread.", "",
-              f"| workload | harness (3 evaluations) | spread | speedup vs the reference (same call) | its spread | "
+              f"| workload | harness ({report.get('evaluations', 3)} evaluations, {report.get('budget_s', 1.0):g} s "
+              "budget) | spread | speedup vs the reference (same call) | its spread | "
               f"{head} | graph replay |",
               "| --- | --- | --- | --- | --- | " + "--- | --- | --- | " * len(COMPARED) + "--- |"]
     for row in report["calibration"]:
@@ -252,18 +256,23 @@ def main() -> int:
     p.add_argument("--skip-trimul", action="store_true")
     p.add_argument("--skip-calibration", action="store_true")
     p.add_argument("--tests", nargs="*", default=HARNESS_TESTS)
+    p.add_argument("--evaluations", type=int, default=3, help="calibration evaluations (at least 2)")
+    p.add_argument("--budget-s", type=float, default=1.0, help="calibration: each workload's timing budget")
     args = p.parse_args()
+    if args.evaluations < 2 or not args.budget_s > 0:
+        p.error("--evaluations needs at least 2 (a spread) and --budget-s a positive number")
     import torch
 
     if not torch.cuda.is_available():
         print("no CUDA GPU here: the self-test needs one")
         return 2
-    report = {"date": time.strftime("%Y-%m-%d"), "calibration": [],
+    report = {"date": time.strftime("%Y-%m-%d"), "calibration": [], "evaluations": args.evaluations,
+              "budget_s": args.budget_s,
               "environment": f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}"}
     if not args.skip_tests:
         report["tests"] = run_tests(args.tests)
     if not args.skip_calibration:
-        calibrate(report["calibration"])
+        calibrate(report["calibration"], args.evaluations, args.budget_s)
     if not args.skip_trimul:
         trimul(report)
     out = Path(args.out)
