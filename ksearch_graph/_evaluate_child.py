@@ -577,10 +577,10 @@ class Judge:
 
     def burst_size(self, done: int, call_bytes: int, call_s: float, limited: bool = False) -> int:
         """How many calls the next burst makes: MIN_RUNS first, then twice as many as so far (fewer heats), within
-        half the timing budget, the burst memory (inputs and output copies) and MAX_RUNS kept calls in all (``done``: a
-        burst the SideStreamRule dropped is not counted). Where the memory
-        holds fewer than MIN_RUNS calls, MIN_RUNS are split into equal bursts (5 + 5 for a memory of 9 calls, not
-        9 + 9: the second burst would have made the calls up to MIN_RUNS and as many again).
+        half the timing budget, the burst memory (inputs and output copies) and MAX_RUNS kept calls in all (``done``:
+        the calls kept so far; a burst the SideStreamRule dropped does not count). Where the memory holds fewer than
+        MIN_RUNS calls, MIN_RUNS are split into equal bursts (5 + 5 for a memory of 9 calls, not 9 + 9: the second
+        burst would have made the calls up to MIN_RUNS and as many again).
 
         A power-limited workload's bursts all make MIN_RUNS calls, each after at least 0.2 s of heat
         (rl.Timer.heat): its calls speed up through a burst, the fillers keeping the GPU a little below the load that
@@ -684,14 +684,15 @@ class Judge:
                 if us < 0 or us > host_us * 1.05 + 50:
                     raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) is negative or exceeds the "
                                   f"host time around the call ({host_us:.0f} us): the timer was tampered with")
-            verdict = side.verdict([t[0] for t in timed], [tail - probe for _, tail, probe, _ in timed])
+            device = [us for us, _, _, _ in timed]
+            verdict = side.verdict(device, [tail - probe for _, tail, probe, _ in timed])
             self.trace("candidate", name, first, timed, dropped=verdict == "drop")
             if verdict == "drop":
                 notes.append(f"{name}: calls {first + 1}-{made} left {side.extra_us:.0f} us of device work past their "
                              "end event on average (work on another stream?); dropped and timed again")
             else:
-                times += [t[0] for t in timed]
-                tails += [t[1] for t in timed]
+                times += device
+                tails += [tail for _, tail, _, _ in timed]
             last = verdict != "drop" and rl.precise_enough(side.reported(times, tails), started,
                                                            self.args.time_budget_s, time.perf_counter(),
                                                            self.min_runs, self.power_limited[name])

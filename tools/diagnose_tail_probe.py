@@ -2,12 +2,11 @@
 
     python tools/diagnose_tail_probe.py [PROCESSES]      # on the GPU host, from the repository root (~20 s)
 
-The judge reads a burst whose median of (tail - probe) exceeds max(ESCAPE_SLACK_US, 20% of the call) as work left
-on another stream (_evaluate_child.SideStreamRule): it drops the first such burst of a workload and times it again,
-and a second charges every call its whole tail. Before that rule (session 15) one such burst charged the workload:
-session 9's cheat suite saw the honest candidate's skinny workload (relu(x @ w), 16x4096 @ 4096x2048 fp32, ~32 us)
-charged so in the first evaluation on a fresh machine (14 us median, 68 us read), a false accusation, and session
-15 an honest 77 us bf16 matmul (17 us median, 107 us read). Each process here does what the candidate's process does for
+The judge reads tail - probe as work left on another stream (_evaluate_child.SideStreamRule says how, per burst).
+Before session 15 a workload's median over all its calls decided at once, and honest kernels were charged: session
+9's cheat suite saw the honest candidate's skinny workload (relu(x @ w), 16x4096 @ 4096x2048 fp32, ~32 us) charged in
+the first evaluation on a fresh machine (14 us median, 68 us read), session 15 an honest 77 us bf16 matmul (17 us
+median, 107 us read). Each process here does what the candidate's process does for
 that workload: a heat, then timed calls on fresh inputs (``rl.timed_burst``), and prints every call's device time,
 tail and probe.
 """
