@@ -82,6 +82,7 @@ TARGET_RSE = 0.01  # stop timing once the relative standard error of the mean is
 # A power-limited kernel's calls vary more (an 8192^3 bf16 matmul: 2% per call, its clock moving under the cap), and
 # 10 calls left three evaluations 2.5% apart on an H200 (session 9): half the error, for ~4x the calls.
 TARGET_RSE_LIMITED = 0.005
+LIMITED_MIN_BURSTS = 3  # bursts for a power-limited workload, where they fit in the budget (see precise_enough)
 FLUSH_BYTES = 256 << 20  # at least 2x the L2 of any current GPU (H200: 50 MB)
 SMALL_BLOCK_BYTES = 1 << 20  # torch's caching allocator serves requests up to 1 MB from its small pool (2 MB segments)
 LOG_LIMIT = 2000
@@ -772,7 +773,7 @@ class Timer:
 
     def _heat(self, fn, args, first: bool) -> None:
         if not first:
-            self.back_to_back(fn, args, HEAT_MIN_S if self.limited else HEAT_S, min_calls=2)
+            self.back_to_back(fn, args, later_heat_s(self.limited), min_calls=2)
             return
         least = (FIRST_HEAT_MIN_S, UNLIMITED_HEAT_WINDOWS[1]) if not self.heated else (
             HEAT_MIN_S, UNLIMITED_HEAT_WINDOWS[0])
@@ -929,18 +930,51 @@ def snapshot(out, sync):
 
 
 def precise_enough(times: list[float], started_s: float, budget_s: float, now_s: float, min_runs: int = MIN_RUNS,
-                   limited: bool = False) -> bool:
+                   limited: bool = False, sizes: list[int] | None = None, next_burst_s: float | None = None,
+                   first_heat_s: float = 0.0) -> bool:
     """The adaptive stopping rule shared by reference and candidate timing; ``limited``: the workload is
-    power-limited (TARGET_RSE_LIMITED)."""
+    power-limited (TARGET_RSE_LIMITED); ``sizes``: the calls of each burst so far, in order (default: one burst);
+    ``next_burst_s``: what one more burst would take, its heat included; ``first_heat_s``: the heat before the
+    first burst, which runs until the calls stop slowing (0.02-0.5 s): whether three bursts fit leaves it out, so it
+    does not decide how many follow (the budget itself counts it, as before: counted from the heat's end, TriMul's
+    largest workloads, whose calls vary 1.9% with their inputs, took a second 1.1 s burst, session 16).
+
+    A power-limited workload's calls share their burst's clock state: its burst means scatter more than its calls
+    say (a 4096^3 bf16 matmul on the H200: 1.3% per call within a burst, 1.5% between the means of 10-call bursts
+    0.26 s apart, session 16), so one burst's error is not the mean's, and evaluations that stopped after one burst
+    read 2.5-2.9% apart. Such a workload gets LIMITED_MIN_BURSTS bursts where they all fit in the budget (a cheap
+    burst: three of that matmul's cost 0.8 s), and from two bursts on its error is the standard error of the burst
+    means. Where they do not fit (TriMul's bursts take 0.5-1.3 s each; their means agreed within 0.1-0.3%), one
+    burst's calls judge it, as before."""
     n = len(times)
     if n >= MAX_RUNS:
         return True
     if n < min_runs:
         return False
+    sizes = sizes or [n]
+    spent = now_s - started_s
+    if limited and len(sizes) < LIMITED_MIN_BURSTS and next_burst_s is not None and (
+            spent - first_heat_s + (LIMITED_MIN_BURSTS - len(sizes)) * next_burst_s <= budget_s):
+        return False
     mean = sum(times) / n
-    std = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1))
+    if limited and len(sizes) > 1:
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        means = [sum(times[start:start + size]) / size for start, size in zip(starts, sizes)]
+        error = _standard_error(means)
+    else:
+        error = _standard_error(times)
     target = TARGET_RSE_LIMITED if limited else TARGET_RSE
-    return std / math.sqrt(n) / mean < target or now_s - started_s > budget_s
+    return error / mean < target or spent > budget_s
+
+
+def _standard_error(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+
+def later_heat_s(limited: bool) -> float:
+    """The heat before a workload's later bursts (see HEAT_S)."""
+    return HEAT_MIN_S if limited else HEAT_S
 
 
 # --- the runner -----------------------------------------------------------------------------------------------------

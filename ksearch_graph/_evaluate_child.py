@@ -522,6 +522,12 @@ class SideStreamRule:
         return [t + tail for t, tail in zip(times, tails)] if self.charged else times
 
 
+def next_burst_s(burst_started: float, heat_s: float, limited: bool) -> float:
+    """What one more burst of a workload would take: the one that began at ``burst_started`` (perf_counter), its
+    ``heat_s`` of heat replaced by a later burst's (rl.precise_enough)."""
+    return time.perf_counter() - burst_started - heat_s + rl.later_heat_s(limited)
+
+
 class Judge:
     """``cached``: reference timings of an earlier evaluation ({"key", "workloads"}); ``ahead``: those this process
     measured while it waited for the job (``time_reference_ahead``); ``timer``: the session's. A judge with no
@@ -613,18 +619,22 @@ class Judge:
             call_s = time.perf_counter() - t0
             call_bytes = nbytes(warm) + nbytes(out)
             del out, warm
-            started = time.perf_counter()
+            started, sizes, next_s, first_heat_s = time.perf_counter(), [], None, 0.0
             while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs,
-                                        self.timer.power_limited):
-                first = len(times)
+                                        self.timer.power_limited, sizes, next_s, first_heat_s):
+                first, burst_started, heated = len(times), time.perf_counter(), self.timer.spent_s["heat"]
                 self.timer.untimed_us = []  # only the candidate's are checked; here they would just pile up
                 self.timer.heat(f, a, first == 0)
                 done = rl.timed_burst(self.timer, self.burst_size(first, call_bytes, call_s, self.timer.power_limited),
                                       lambda k: call(first + k),  # noqa: B023 (called before the next iteration)
                                       filler=(f, a))
                 times += [us for _, us, *_ in done]
+                sizes.append(len(done))
                 self.trace(tag, w["name"], first, [call_times for _, *call_times in done])
                 del done
+                heat_s = self.timer.spent_s["heat"] - heated
+                first_heat_s = heat_s if first == 0 else first_heat_s
+                next_s = next_burst_s(burst_started, heat_s, self.timer.power_limited)
         return {"mean_us": statistics.fmean(times), "runs": len(times)}
 
     def time_candidate(self, runner: RunnerProcess, w: dict) -> tuple[list[float], list[str]]:
@@ -637,8 +647,9 @@ class Judge:
             call_s) else self.args.call_timeout_s
         times, tails, started, side = [], [], time.perf_counter(), SideStreamRule()
         made = 0  # calls made, a dropped burst's included: every call gets inputs of its own
+        sizes, next_s, first_heat_s = [], None, 0.0  # the kept bursts' calls, etc. (rl.precise_enough)
         while True:
-            first = made
+            first, burst_started, heated = made, time.perf_counter(), self.phases["timing_heat"]
             seeds = [derive_seed(self.base_seed, name, "time", first + k)
                      for k in range(self.burst_size(len(times), self.call_bytes[name], call_s,
                                                     self.power_limited.get(name, False)))]
@@ -693,9 +704,16 @@ class Judge:
             else:
                 times += device
                 tails += [tail for _, tail, _, _ in timed]
+                sizes.append(len(device))
+            # The process's own heat figure (a total so far): it only decides whether three bursts fit (at most
+            # one more burst than otherwise), bounded by this burst's time here.
+            heat_s = min(max(0.0, self.phases["timing_heat"] - heated), time.perf_counter() - burst_started)
+            first_heat_s = heat_s if first == 0 else first_heat_s
+            next_s = next_burst_s(burst_started, heat_s, self.power_limited[name])
             last = verdict != "drop" and rl.precise_enough(side.reported(times, tails), started,
                                                            self.args.time_budget_s, time.perf_counter(),
-                                                           self.min_runs, self.power_limited[name])
+                                                           self.min_runs, self.power_limited[name], sizes, next_s,
+                                                           first_heat_s)
             # Which outputs get re-checked is chosen now, after the burst: the candidate cannot tell which.
             chosen = [i for i in range(len(seeds)) if (first == 0 and i == 0) or (last and i == len(seeds) - 1)
                       or self.rng.random() < CHECK_PROBABILITY]

@@ -347,66 +347,77 @@ def test_a_burst_that_leaves_work_running_is_timed_again_then_charged():
     assert honest.reported([77.0, 5.0], [80.0, 3.0]) == [77.0, 5.0]
 
 
-def test_the_judge_drops_a_flagged_burst_times_fresh_inputs_and_charges_the_third(tmp_path):
-    """The judge's timing loop with a stand-in for the candidate's process that reports long tails in chosen bursts:
-    a dropped burst's calls are not in the result, every burst gets seeds of its own, the trace marks the dropped
-    ones, and a third flagged burst charges every kept call its tail."""
+class _StandInRunner:
+    """Stands in for the candidate's process in the judge's timing loop (Judge.time_candidate): serves its protocol
+    (warm, burst, one seed at a time, timed, send, drop) with the device times ``call_us(burst, call)``, long tails
+    in the bursts ``long_tails``, and ``flags`` (power_limited; its heat, ``heat_s`` per burst, as a running total)."""
+
+    def __init__(self, rl, long_tails=(), call_us=lambda burst, call: 77.0 + burst, limited=False, heat_s=0.0):
+        self.rl, self.long_tails, self.call_us, self.limited, self.heat_s = rl, set(long_tails), call_us, limited, heat_s
+        self.bursts, self.seeds, self.pending = [], [], None
+
+    def request(self, msg, timeout_s, phase):
+        if msg[0] == "warm":
+            return "warm", 1e-4
+        if msg[0] == "burst":
+            self.pending = {"n": msg[3], "seeds": []}
+            self.bursts.append(self.pending)
+            return "next", 0
+        if msg[0] == "seed":
+            self.pending["seeds"].append(msg[1])
+            self.seeds.append(msg[1])
+            if len(self.pending["seeds"]) < self.pending["n"]:
+                return "next", len(self.pending["seeds"])
+            k = len(self.bursts) - 1
+            tail = 60.0 if k in self.long_tails else 3.0
+            timed = [[float(self.call_us(k, i)), tail, 1.0, 2e5] for i in range(self.pending["n"])]
+            prints = [self.rl.fingerprint(out) for out in self.outputs()]
+            flags = {"power_limited": self.limited, "heat_s": self.heat_s * len(self.bursts), "fill_s": 0.0}
+            return "timed", timed, prints, flags, None
+        if msg[0] == "send":
+            out = self.outputs()[msg[1]]
+            return "sent", out, [out.clone()], None, None, None
+        raise AssertionError(msg)
+
+    def outputs(self):
+        return [torch.full((4,), float(seed % 1000)) for seed in self.pending["seeds"]]
+
+    def send(self, msg):
+        assert msg == ("drop",)
+
+
+def _bare_judge(budget_s: float = 0.0, trace_path: str | None = None):
+    """A Judge with only what its timing loop needs (no processes, no task): inputs are one tensor from the seed, the
+    reference returns it, and every check passes. ``budget_s``: 0 stops at min_runs where the rule allows."""
     import random
     from types import SimpleNamespace
 
     from ksearch_graph import _evaluate_child as judge
 
+    j = judge.Judge.__new__(judge.Judge)
+    j.min_runs, j.base_seed, j.rng = 10, 12345, random.Random(0)
+    j.args = SimpleNamespace(time_budget_s=budget_s, call_timeout_s=30.0)
+    j.call_bytes, j.power_limited, j.trace_path = {"w": 1 << 10}, {}, trace_path
+    j.phases = {"timing_heat": 0.0, "timing_fill": 0.0, "reference": 0.0, "checks": 0.0}
+    j.inputs = lambda w, seed: [torch.full((4,), float(seed % 1000))]
+    j.reference = lambda inputs: inputs[0]
+    j.check = lambda *a, **k: (0.0, 0.0)
+    return j
+
+
+def test_the_judge_drops_a_flagged_burst_times_fresh_inputs_and_charges_the_third(tmp_path):
+    """The judge's timing loop with a stand-in for the candidate's process that reports long tails in chosen bursts:
+    a dropped burst's calls are not in the result, every burst gets seeds of its own, the trace marks the dropped
+    ones, and a third flagged burst charges every kept call its tail."""
+    from ksearch_graph import _evaluate_child as judge
+
     rl = judge.rl  # the judge's own import of the runner module
     rl.load_torch()
-
-    class Runner:
-        def __init__(self, long_tails: set[int]):
-            self.long_tails, self.bursts, self.seeds, self.pending = long_tails, [], [], None
-
-        def request(self, msg, timeout_s, phase):
-            if msg[0] == "warm":
-                return "warm", 1e-4
-            if msg[0] == "burst":
-                self.pending = {"n": msg[3], "seeds": []}
-                self.bursts.append(self.pending)
-                return "next", 0
-            if msg[0] == "seed":
-                self.pending["seeds"].append(msg[1])
-                self.seeds.append(msg[1])
-                if len(self.pending["seeds"]) < self.pending["n"]:
-                    return "next", len(self.pending["seeds"])
-                k = len(self.bursts) - 1
-                tail = 60.0 if k in self.long_tails else 3.0
-                timed = [[77.0 + k, tail, 1.0, 200.0] for _ in self.pending["seeds"]]
-                prints = [rl.fingerprint(out) for out in self.outputs()]
-                return "timed", timed, prints, {}, None
-            if msg[0] == "send":
-                out = self.outputs()[msg[1]]
-                return "sent", out, [out.clone()], None, None, None
-            raise AssertionError(msg)
-
-        def outputs(self):
-            return [torch.full((4,), float(seed % 1000)) for seed in self.pending["seeds"]]
-
-        def send(self, msg):
-            assert msg == ("drop",)
-
-    def make_judge(trace_path: str | None):
-        j = judge.Judge.__new__(judge.Judge)
-        j.min_runs, j.base_seed, j.rng = 10, 12345, random.Random(0)
-        j.args = SimpleNamespace(time_budget_s=0.0, call_timeout_s=30.0)  # no budget: stop at min_runs
-        j.call_bytes, j.power_limited, j.trace_path = {"w": 1 << 10}, {}, trace_path
-        j.phases = {"timing_heat": 0.0, "timing_fill": 0.0, "reference": 0.0, "checks": 0.0}
-        j.inputs = lambda w, seed: [torch.full((4,), float(seed % 1000))]
-        j.reference = lambda inputs: inputs[0]
-        j.check = lambda *a, **k: (0.0, 0.0)
-        return j
-
     w = {"name": "w", "params": {}}
     trace = tmp_path / "trace.jsonl"
     # The first burst reads long tails: dropped, timed again on fresh seeds, clean.
-    runner = Runner(long_tails={0})
-    times, notes = make_judge(str(trace)).time_candidate(runner, w)
+    runner = _StandInRunner(rl, long_tails={0})
+    times, notes = _bare_judge(trace_path=str(trace)).time_candidate(runner, w)
     assert times == [78.0] * 10  # the second burst's calls only, without their tails
     assert len(runner.bursts) == 2 and len(set(runner.seeds)) == 20  # no input set twice
     assert len(notes) == 1 and "calls 1-10" in notes[0] and "dropped and timed again" in notes[0]
@@ -414,11 +425,70 @@ def test_the_judge_drops_a_flagged_burst_times_fresh_inputs_and_charges_the_thir
     assert [(line["first"], line.get("dropped", False)) for line in lines] == [(0, True), (10, False)]
 
     # Three flagged bursts in a row: two dropped, the third charged and kept with its tails.
-    runner = Runner(long_tails={0, 1, 2})
-    times, notes = make_judge(None).time_candidate(runner, w)
+    runner = _StandInRunner(rl, long_tails={0, 1, 2})
+    times, notes = _bare_judge().time_candidate(runner, w)
     assert len(runner.bursts) == 3 and len(set(runner.seeds)) == 30
     assert times == [79.0 + 60.0] * 10
     assert "every call timed until the whole device was idle" in notes[-1] and "2 dropped" in notes[-1]
+
+
+def test_a_power_limited_workload_gets_three_bursts_where_they_fit_and_is_judged_on_their_means():
+    """Under the power cap a burst's calls share its clock state, so one burst cannot say how far the next would
+    read: the judge times a power-limited workload in LIMITED_MIN_BURSTS bursts when they fit in the budget (its
+    first heat not counted), not where they do not, and once it has two or more, it goes on while their means
+    disagree (within the budget)."""
+    from ksearch_graph import _evaluate_child as judge
+
+    rl = judge.rl
+    rl.load_torch()
+    w = {"name": "w", "params": {}}
+    steady = lambda burst, call: 100.0 + 0.1 * (call % 2)  # noqa: E731  (each burst's calls agree to 0.05%)
+    # Cheap bursts (a later one costs its 0.2 s heat): three.
+    runner = _StandInRunner(rl, call_us=steady, limited=True)
+    times, _ = _bare_judge(budget_s=0.45).time_candidate(runner, w)
+    assert len(runner.bursts) == rl.LIMITED_MIN_BURSTS == 3 and len(times) == 30
+    # A budget that two more bursts' heats overrun: one burst, judged on its calls as before.
+    runner = _StandInRunner(rl, call_us=steady, limited=True)
+    times, _ = _bare_judge(budget_s=0.3).time_candidate(runner, w)
+    assert len(runner.bursts) == 1
+    # Not power-limited: one burst whose calls agree is enough, however cheap more would be.
+    runner = _StandInRunner(rl, call_us=steady)
+    _bare_judge(budget_s=10.0).time_candidate(runner, w)
+    assert len(runner.bursts) == 1
+    # Bursts whose means disagree by 4% (each burst steady): on until the budget is spent or MAX_RUNS.
+    runner = _StandInRunner(rl, call_us=lambda burst, call: 100.0 + 4.0 * (burst % 2), limited=True)
+    times, _ = _bare_judge(budget_s=10.0).time_candidate(runner, w)
+    assert len(times) == rl.MAX_RUNS
+
+
+def test_a_later_burst_is_priced_with_a_later_bursts_heat():
+    """What one more burst costs: the last one's time with its heat (a first heat runs until the calls stop slowing,
+    up to 0.5 s) replaced by a later burst's."""
+    from ksearch_graph import _evaluate_child as judge
+
+    rl = judge.rl
+    now = time.perf_counter()
+    assert judge.next_burst_s(now - 0.6, 0.5, limited=True) == pytest.approx(0.1 + rl.HEAT_MIN_S, abs=0.05)
+    assert judge.next_burst_s(now - 0.3, 0.2, limited=False) == pytest.approx(0.1 + rl.HEAT_S, abs=0.05)
+
+
+def test_timing_stops_on_burst_means_for_a_power_limited_workload():
+    """The stopping rule itself: bursts whose calls agree but whose means do not are not precise for a power-limited
+    workload (they would be for another); three bursts are asked for only while they fit in the budget."""
+    from ksearch_graph import _candidate_runner as rl
+
+    apart = [100.0] * 10 + [104.0] * 10 + [100.0] * 10  # three steady bursts, means 4% apart
+    assert rl.precise_enough(apart, 0.0, 1.0, 0.1, sizes=[30])  # as one burst of calls (1.8% each): 0.34%
+    assert not rl.precise_enough(apart, 0.0, 1.0, 0.1, limited=True, sizes=[10, 10, 10])  # 1.3% between bursts
+    assert rl.precise_enough(apart, 0.0, 1.0, 1.1, limited=True, sizes=[10, 10, 10])  # the budget is spent
+    steady = [100.0, 100.2] * 5
+    assert not rl.precise_enough(steady, 0.0, 1.0, 0.1, limited=True, sizes=[10], next_burst_s=0.3)  # 0.1 + 0.6 fit
+    assert rl.precise_enough(steady, 0.0, 1.0, 0.5, limited=True, sizes=[10], next_burst_s=0.3)  # 0.5 + 0.6 do not
+    assert rl.precise_enough(steady, 0.0, 1.0, 0.1, sizes=[10], next_burst_s=0.3)  # not limited: one burst
+    # A first heat of 0.45 s does not decide whether three fit; the budget still counts it.
+    assert not rl.precise_enough(steady, 0.0, 1.0, 0.5, limited=True, sizes=[10], next_burst_s=0.2, first_heat_s=0.45)
+    noisy = [100.0, 106.0] * 5  # 1% relative standard error: on until the budget is spent, its heat included
+    assert rl.precise_enough(noisy, 0.0, 1.0, 1.1, limited=True, sizes=[10], next_burst_s=0.6, first_heat_s=0.45)
 
 
 def test_timing_bursts_grow_within_memory_budget_and_run_limits(monkeypatch):
