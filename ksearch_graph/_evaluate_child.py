@@ -705,9 +705,12 @@ class Judge:
                 times += device
                 tails += [tail for _, tail, _, _ in timed]
                 sizes.append(len(device))
-            # The process's own heat figure (a total so far): it only decides whether three bursts fit (at most
-            # one more burst than otherwise), bounded by this burst's time here.
-            heat_s = min(max(0.0, self.phases["timing_heat"] - heated), time.perf_counter() - burst_started)
+            # The process's own heat figure (a total so far), bounded by this burst's time here and by the longest
+            # heat there is: it only decides whether three bursts fit, so a process that overstates it gets at most
+            # HEAT_MAX_S of room for them (another burst or two, within the call limits), and one that understates
+            # it its old single burst, which telling the judge it is not power-limited would give it anyway.
+            heat_s = min(max(0.0, self.phases["timing_heat"] - heated), time.perf_counter() - burst_started,
+                         rl.HEAT_MAX_S + 2 * call_s)
             first_heat_s = heat_s if first == 0 else first_heat_s
             next_s = next_burst_s(burst_started, heat_s, self.power_limited[name])
             last = verdict != "drop" and rl.precise_enough(side.reported(times, tails), started,

@@ -350,10 +350,13 @@ def test_a_burst_that_leaves_work_running_is_timed_again_then_charged():
 class _StandInRunner:
     """Stands in for the candidate's process in the judge's timing loop (Judge.time_candidate): serves its protocol
     (warm, burst, one seed at a time, timed, send, drop) with the device times ``call_us(burst, call)``, long tails
-    in the bursts ``long_tails``, and ``flags`` (power_limited; its heat, ``heat_s`` per burst, as a running total)."""
+    in the bursts ``long_tails``, and ``flags``: power_limited, and its heat as a running total, ``first_heat_s``
+    spent (slept) in the first burst, plus ``claimed_heat_s`` per burst that it only says it spent."""
 
-    def __init__(self, rl, long_tails=(), call_us=lambda burst, call: 77.0 + burst, limited=False, heat_s=0.0):
-        self.rl, self.long_tails, self.call_us, self.limited, self.heat_s = rl, set(long_tails), call_us, limited, heat_s
+    def __init__(self, rl, long_tails=(), call_us=lambda burst, call: 77.0 + burst, limited=False,
+                 first_heat_s=0.0, claimed_heat_s=0.0):
+        self.rl, self.long_tails, self.call_us, self.limited = rl, set(long_tails), call_us, limited
+        self.first_heat_s, self.claimed_heat_s, self.heat_s = first_heat_s, claimed_heat_s, 0.0
         self.bursts, self.seeds, self.pending = [], [], None
 
     def request(self, msg, timeout_s, phase):
@@ -362,6 +365,10 @@ class _StandInRunner:
         if msg[0] == "burst":
             self.pending = {"n": msg[3], "seeds": []}
             self.bursts.append(self.pending)
+            if len(self.bursts) == 1:
+                time.sleep(self.first_heat_s)
+                self.heat_s += self.first_heat_s
+            self.heat_s += self.claimed_heat_s
             return "next", 0
         if msg[0] == "seed":
             self.pending["seeds"].append(msg[1])
@@ -372,7 +379,7 @@ class _StandInRunner:
             tail = 60.0 if k in self.long_tails else 3.0
             timed = [[float(self.call_us(k, i)), tail, 1.0, 2e5] for i in range(self.pending["n"])]
             prints = [self.rl.fingerprint(out) for out in self.outputs()]
-            flags = {"power_limited": self.limited, "heat_s": self.heat_s * len(self.bursts), "fill_s": 0.0}
+            flags = {"power_limited": self.limited, "heat_s": self.heat_s, "fill_s": 0.0}
             return "timed", timed, prints, flags, None
         if msg[0] == "send":
             out = self.outputs()[msg[1]]
@@ -435,8 +442,9 @@ def test_the_judge_drops_a_flagged_burst_times_fresh_inputs_and_charges_the_thir
 def test_a_power_limited_workload_gets_three_bursts_where_they_fit_and_is_judged_on_their_means():
     """Under the power cap a burst's calls share its clock state, so one burst cannot say how far the next would
     read: the judge times a power-limited workload in LIMITED_MIN_BURSTS bursts when they fit in the budget (its
-    first heat not counted), not where they do not, and once it has two or more, it goes on while their means
-    disagree (within the budget)."""
+    first heat not counted in that sum), not where they do not, and once it has two or more, it goes on while their
+    means disagree (within the budget). What the candidate's process says its heat took counts only as far as this
+    side saw the time pass."""
     from ksearch_graph import _evaluate_child as judge
 
     rl = judge.rl
@@ -445,11 +453,19 @@ def test_a_power_limited_workload_gets_three_bursts_where_they_fit_and_is_judged
     steady = lambda burst, call: 100.0 + 0.1 * (call % 2)  # noqa: E731  (each burst's calls agree to 0.05%)
     # Cheap bursts (a later one costs its 0.2 s heat): three.
     runner = _StandInRunner(rl, call_us=steady, limited=True)
-    times, _ = _bare_judge(budget_s=0.45).time_candidate(runner, w)
+    times, _ = _bare_judge(budget_s=0.6).time_candidate(runner, w)
     assert len(runner.bursts) == rl.LIMITED_MIN_BURSTS == 3 and len(times) == 30
     # A budget that two more bursts' heats overrun: one burst, judged on its calls as before.
     runner = _StandInRunner(rl, call_us=steady, limited=True)
     times, _ = _bare_judge(budget_s=0.3).time_candidate(runner, w)
+    assert len(runner.bursts) == 1
+    # A first heat of 0.35 s is left out of the sum (0.35 + 0.4 > 0.6, but 0.4 fits): three.
+    runner = _StandInRunner(rl, call_us=steady, limited=True, first_heat_s=0.35)
+    _bare_judge(budget_s=0.6).time_candidate(runner, w)
+    assert len(runner.bursts) == 3
+    # A process that says each heat took 100 s, having spent none: no room made by it.
+    runner = _StandInRunner(rl, call_us=steady, limited=True, claimed_heat_s=100.0)
+    _bare_judge(budget_s=0.3).time_candidate(runner, w)
     assert len(runner.bursts) == 1
     # Not power-limited: one burst whose calls agree is enough, however cheap more would be.
     runner = _StandInRunner(rl, call_us=steady)
@@ -485,10 +501,14 @@ def test_timing_stops_on_burst_means_for_a_power_limited_workload():
     assert not rl.precise_enough(steady, 0.0, 1.0, 0.1, limited=True, sizes=[10], next_burst_s=0.3)  # 0.1 + 0.6 fit
     assert rl.precise_enough(steady, 0.0, 1.0, 0.5, limited=True, sizes=[10], next_burst_s=0.3)  # 0.5 + 0.6 do not
     assert rl.precise_enough(steady, 0.0, 1.0, 0.1, sizes=[10], next_burst_s=0.3)  # not limited: one burst
-    # A first heat of 0.45 s does not decide whether three fit; the budget still counts it.
-    assert not rl.precise_enough(steady, 0.0, 1.0, 0.5, limited=True, sizes=[10], next_burst_s=0.2, first_heat_s=0.45)
+    # A first heat of 0.45 s does not decide whether three fit (0.7 - 0.45 + 0.4 do); the budget still counts it.
+    assert rl.precise_enough(steady, 0.0, 1.0, 0.7, limited=True, sizes=[10], next_burst_s=0.2)
+    assert not rl.precise_enough(steady, 0.0, 1.0, 0.7, limited=True, sizes=[10], next_burst_s=0.2, first_heat_s=0.45)
     noisy = [100.0, 106.0] * 5  # 1% relative standard error: on until the budget is spent, its heat included
     assert rl.precise_enough(noisy, 0.0, 1.0, 1.1, limited=True, sizes=[10], next_burst_s=0.6, first_heat_s=0.45)
+    # Two bursts whose means agree by chance: the calls' own error (1%) still decides.
+    assert not rl.precise_enough(noisy * 2, 0.0, 1.0, 0.5, limited=True, sizes=[10, 10])
+    assert rl.precise_enough(steady * 2, 0.0, 1.0, 0.5, limited=True, sizes=[10, 10])
 
 
 def test_timing_bursts_grow_within_memory_budget_and_run_limits(monkeypatch):
