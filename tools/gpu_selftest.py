@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -114,9 +112,8 @@ INDEPENDENT_ROUNDS = 3
 
 
 def calibrate(rows: list, evaluations: int = 3, budget_s: float = 1.0) -> None:
-    from ksearch_graph._evaluate_child import TRACE_ENV
-    from ksearch_graph.evaluation import SubprocessEvaluator
     from ksearch_graph.task import load_task
+    from trace_evaluations import traced_evaluations
 
     task = load_task(ROOT / "tools" / "calibration")
     source = (ROOT / "tools" / "calibration" / "kernel.py").read_text()
@@ -124,24 +121,14 @@ def calibrate(rows: list, evaluations: int = 3, budget_s: float = 1.0) -> None:
     # their spread over evaluations says how much of the absolute times' spread the GPU's state shares between a
     # candidate and its reference. Every timed call is traced by the judge: each burst's mean shows whether a
     # workload's bursts agree (a later burst follows the judge's checks of the one before, the GPU idle meanwhile).
-    trace = Path(tempfile.mkdtemp()) / "trace.jsonl"
-    trace.touch()
-    os.environ[TRACE_ENV] = str(trace)  # before the evaluator: its prestarted processes inherit it
-    try:
-        evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=budget_s,
-                                        reuse_reference_timings_s=0)
-        runs, bursts, lines_read = [], [], 0
-        for i in range(evaluations):
-            r = evaluator.evaluate(task, {"kernel.py": source}, attempt_id=f"calibration-{i}")
-            print(f"calibration evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.1f} s {r.log_excerpt[:300]}",
-                  flush=True)
-            runs.append(r)
-            lines = trace.read_text().splitlines()
-            bursts.append([json.loads(line) for line in lines[lines_read:]])
-            lines_read = len(lines)
-        evaluator.close()  # its prestarted processes would share the GPU with the independent timings below
-    finally:
-        del os.environ[TRACE_ENV]  # the TriMul evaluations after this are not traced
+    # The evaluator is closed before the independent timings below and the TriMul evaluations are not traced.
+    runs, bursts = [], []
+    for i, (r, lines) in enumerate(traced_evaluations(task, {"kernel.py": source}, evaluations, budget_s,
+                                                      "calibration", timeout_s=600)):
+        print(f"calibration evaluation {i + 1}: {r.status.value}, wall {r.wall_s:.1f} s {r.log_excerpt[:300]}",
+              flush=True)
+        runs.append(r)
+        bursts.append(lines)
     # Rounds over all workloads, as the evaluations are: each workload's figures follow other workloads' load.
     independent = {w.name: [] for w in task.spec.workloads}
     if any(r.passed for r in runs):
