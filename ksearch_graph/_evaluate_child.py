@@ -528,6 +528,28 @@ def next_burst_s(burst_started: float, heat_s: float, limited: bool) -> float:
     return time.perf_counter() - burst_started - heat_s + rl.later_heat_s(limited)
 
 
+class Bursts:
+    """What the stopping rule (rl.precise_enough) knows of a workload's bursts so far: the kept ones' calls, the
+    first one's heat and what one more would take."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self.first_heat_s, self.next_s = 0.0, None
+
+    def add(self, first: int, kept: int, burst_started: float, heat_s: float, limited: bool) -> None:
+        """A burst done: ``first`` its first call's index (0: the workload's first burst), ``kept`` its calls in the
+        result (0 for one the SideStreamRule dropped)."""
+        if kept:
+            self.sizes.append(kept)
+        if first == 0:
+            self.first_heat_s = heat_s
+        self.next_s = next_burst_s(burst_started, heat_s, limited)
+
+    def rule(self) -> tuple:
+        """precise_enough's last arguments."""
+        return self.sizes, self.next_s, self.first_heat_s
+
+
 class Judge:
     """``cached``: reference timings of an earlier evaluation ({"key", "workloads"}); ``ahead``: those this process
     measured while it waited for the job (``time_reference_ahead``); ``timer``: the session's. A judge with no
@@ -619,9 +641,9 @@ class Judge:
             call_s = time.perf_counter() - t0
             call_bytes = nbytes(warm) + nbytes(out)
             del out, warm
-            started, sizes, next_s, first_heat_s = time.perf_counter(), [], None, 0.0
+            started, bursts = time.perf_counter(), Bursts()
             while not rl.precise_enough(times, started, self.args.time_budget_s, time.perf_counter(), self.min_runs,
-                                        self.timer.power_limited, sizes, next_s, first_heat_s):
+                                        self.timer.power_limited, *bursts.rule()):
                 first, burst_started, heated = len(times), time.perf_counter(), self.timer.spent_s["heat"]
                 self.timer.untimed_us = []  # only the candidate's are checked; here they would just pile up
                 self.timer.heat(f, a, first == 0)
@@ -629,12 +651,10 @@ class Judge:
                                       lambda k: call(first + k),  # noqa: B023 (called before the next iteration)
                                       filler=(f, a))
                 times += [us for _, us, *_ in done]
-                sizes.append(len(done))
+                bursts.add(first, len(done), burst_started, self.timer.spent_s["heat"] - heated,
+                           self.timer.power_limited)
                 self.trace(tag, w["name"], first, [call_times for _, *call_times in done])
                 del done
-                heat_s = self.timer.spent_s["heat"] - heated
-                first_heat_s = heat_s if first == 0 else first_heat_s
-                next_s = next_burst_s(burst_started, heat_s, self.timer.power_limited)
         return {"mean_us": statistics.fmean(times), "runs": len(times)}
 
     def time_candidate(self, runner: RunnerProcess, w: dict) -> tuple[list[float], list[str]]:
@@ -647,7 +667,7 @@ class Judge:
             call_s) else self.args.call_timeout_s
         times, tails, started, side = [], [], time.perf_counter(), SideStreamRule()
         made = 0  # calls made, a dropped burst's included: every call gets inputs of its own
-        sizes, next_s, first_heat_s = [], None, 0.0  # the kept bursts' calls, etc. (rl.precise_enough)
+        bursts = Bursts()
         while True:
             first, burst_started, heated = made, time.perf_counter(), self.phases["timing_heat"]
             seeds = [derive_seed(self.base_seed, name, "time", first + k)
@@ -704,19 +724,16 @@ class Judge:
             else:
                 times += device
                 tails += [tail for _, tail, _, _ in timed]
-                sizes.append(len(device))
             # The process's own heat figure (a total so far), bounded by this burst's time here and by the longest
             # heat there is: it only decides whether three bursts fit, so a process that overstates it gets at most
             # HEAT_MAX_S of room for them (another burst or two, within the call limits), and one that understates
             # it its old single burst, which telling the judge it is not power-limited would give it anyway.
             heat_s = min(max(0.0, self.phases["timing_heat"] - heated), time.perf_counter() - burst_started,
                          rl.HEAT_MAX_S + 2 * call_s)
-            first_heat_s = heat_s if first == 0 else first_heat_s
-            next_s = next_burst_s(burst_started, heat_s, self.power_limited[name])
+            bursts.add(first, 0 if verdict == "drop" else len(device), burst_started, heat_s, self.power_limited[name])
             last = verdict != "drop" and rl.precise_enough(side.reported(times, tails), started,
                                                            self.args.time_budget_s, time.perf_counter(),
-                                                           self.min_runs, self.power_limited[name], sizes, next_s,
-                                                           first_heat_s)
+                                                           self.min_runs, self.power_limited[name], *bursts.rule())
             # Which outputs get re-checked is chosen now, after the burst: the candidate cannot tell which.
             chosen = [i for i in range(len(seeds)) if (first == 0 and i == 0) or (last and i == len(seeds) - 1)
                       or self.rng.random() < CHECK_PROBABILITY]
