@@ -3,7 +3,7 @@
 ``greedy`` is the paper's deterministic rule, kept as the default for fidelity: drop actions above
 the difficulty cap (unless that drops all), then sort by V desc, difficulty asc, rating desc, id.
 
-``failure_aware`` fixes the rule's blind spot (METHOD.md "We do better"): an action the planner forgot
+``failure_aware`` fixes the rule's blind spot (docs/method.md, "Where we depart"): an action the planner forgot
 to down-score after a failed cycle is otherwise chosen again and again. It discounts V by the node's
 failed cycles and adds a small UCB-style bonus for rarely visited nodes, so untried ideas get a turn.
 """

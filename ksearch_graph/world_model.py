@@ -1,6 +1,6 @@
 """The world model: a tree of optimisation hypotheses that the planner edits as evidence comes in.
 
-Nodes (METHOD.md "Search state"):
+Nodes (docs/method.md, "The world model"):
 - the ``root`` is the task itself (optionally with a seed solution attached),
 - a ``closed`` node is an implemented optimisation; it carries the best attempt of its cycle,
 - an ``open`` node is a proposed next step (an ``Action``) not implemented yet,
@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ROOT = "root"
-MAX_NEW_NODES = 3  # per edit script after initialisation (METHOD.md)
+MAX_NEW_NODES = 3  # per edit script after initialisation (docs/method.md)
 MAX_INIT_NODES = 8
 
 
@@ -143,7 +143,7 @@ _STRICT = ConfigDict(extra="forbid")
 
 
 class Reflection(BaseModel):
-    """The reflection the update must write into the node it learned about (METHOD.md step 5)."""
+    """The reflection the update must write into the node it learned about (docs/method.md, "The loop", step 5)."""
 
     current: str = Field(min_length=1, max_length=1500, description="what the code does now and its bottleneck")
     follow_through: str = Field(min_length=1, max_length=1000, description="did the code implement the intent?")

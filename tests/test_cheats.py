@@ -2,8 +2,8 @@
 
 Each file in tests/cheats/ is a candidate for the small task in tests/cheats/task (y = relu(x @ w), float32,
 atol = rtol = 1e-4), written the way a hostile model would write it; its docstring names the class, how it cheats and
-what the harness must report. These tests are the contract for SubprocessEvaluator (see /work/shared/docs/EVALUATION.md,
-"Documented cheats a harness must survive"); some of them fail against a harness that does not meet it yet, by design.
+what the harness must report. These tests are the contract for SubprocessEvaluator (docs/harness.md, "Threat
+model"); some of them fail against a harness that does not meet it yet, by design.
 
 - Semantic cheats (zeros, the input, uninitialised memory, the garbage collector, a warm-up detector, fixing up the
   harness's kept output copies from a thread, lower precision) must not pass: incorrect_numerical, incorrect_shape

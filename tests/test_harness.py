@@ -3,7 +3,7 @@ split (hostile messages, patched input generation, network namespace), correctne
 KernelBench-style module entry points, separate compile and call limits, and, on a GPU, CUDA C++ through CuPy/NVRTC
 and torch extensions, and the GPU's health after an illegal memory access.
 
-The planted cheats of EVALUATION.md's list are in test_cheats.py; the softmax example's cases in test_evaluation.py.
+The planted cheats of docs/harness.md's threat model are in test_cheats.py; the softmax example's cases in test_evaluation.py.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def test_task_loads(task):
     assert [w.name for w in task.feedback_workloads()] == [w.name for w in s.workloads if w.name.startswith("bench-")]
 
 
-# EVALUATION.md, "GPU MODE TriMul": (distribution, N, B, D, documented seed, mask); H = 128 everywhere.
+# GPU MODE TriMul's test and benchmark cases: (distribution, N, B, D, documented seed, mask); H = 128 everywhere.
 TESTS = [
     ("normal", 32, 1, 128, 9371, False), ("normal", 32, 1, 128, 1092, True),
     ("normal", 64, 2, 256, 2291, False), ("normal", 64, 2, 256, 210284, True),

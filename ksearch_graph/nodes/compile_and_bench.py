@@ -4,7 +4,7 @@ Idempotent: an attempt already in the store (the process died after recording it
 checkpoint) is taken from there, never evaluated twice. Failures are results, never exceptions.
 
 A candidate that looks like a new global best is measured a second time and keeps the lower of the
-two scores (METHOD.md: no new best on one noisy measurement); one that fails the second run is
+two scores (docs/method.md: no new best on one noisy measurement); one that fails the second run is
 treated as failed.
 """
 

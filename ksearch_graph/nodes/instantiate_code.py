@@ -2,7 +2,7 @@
 
 Attempt 1 applies the action to the parent's code (or writes from the spec at the root). Later
 attempts use the *debug* prompt while nothing in the cycle has passed, and the *improve* prompt on the
-cycle's best code once something has (METHOD.md step 3). The code goes to the store; the state keeps
+cycle's best code once something has (docs/method.md, "The loop", step 3). The code goes to the store; the state keeps
 its hash. The answer is cached under the attempt id, so a re-run after a crash reuses it.
 """
 
