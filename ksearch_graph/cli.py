@@ -218,10 +218,11 @@ def _show_question(q: dict) -> None:
 
 
 def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None) -> int:
+    from .context import make_context
     from .llm import EndpointUnavailable, LLMConfigError
     from .nodes.world_model_update import PlannerFailed
     from .progress import ProgressPrinter
-    from .search import drive, make_context, pending_question
+    from .search import drive, pending_question
 
     ctx = make_context(run)
     print(OFFLINE_NOTICE if run.config.planner == "offline" else

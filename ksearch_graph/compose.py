@@ -24,9 +24,9 @@ from typing import Any
 from langchain_core.tools import tool
 
 from .config import Budget, SearchConfig
+from .context import ServerRunContext
 from .graph import build_search_graph
 from .run_dir import RUN_FILE, RunDir
-from .server import ServerRunContext
 
 
 def _result(run_dir: str | Path, values: dict) -> dict[str, Any]:
@@ -71,8 +71,9 @@ def optimize_kernel(task_dir: str, run_dir: str, iterations: int = 10, model: st
     offline template search. Returns the best kernel's files, its score (speed-up over the task's
     reference), latency in microseconds, and the run directory and thread id to resume it.
     """
+    from .context import make_context
     from .llm import LLMSettings
-    from .search import drive, extend, has_started, is_finished, make_context
+    from .search import drive, extend, has_started, is_finished
 
     if (Path(run_dir) / RUN_FILE).exists():
         run = RunDir.open(run_dir)

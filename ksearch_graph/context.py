@@ -1,17 +1,23 @@
 """What every node can reach besides its state: the run's task, settings, store and tools.
 
 Passed to the graph as LangGraph's runtime context (``graph.stream(..., context=ctx)``), so it is
-never checkpointed: on resume the CLI rebuilds it from the run directory.
+never checkpointed: on resume it is rebuilt from the run directory (``make_context``). A LangGraph
+server can only pass JSON, so there a run passes a ``ServerRunContext`` naming its task and run
+directory, and ``search_context`` resolves it into a ``SearchContext`` here, once per run directory.
+This is the one place a search context is built; the CLI, the server and the nodes only ask for it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .agents import Coder, Planner
 from .config import SearchConfig
 from .evaluation import Evaluator
+from .run_dir import RUN_FILE, RunDir
 from .store import RunStore
 from .task import Task
 
@@ -48,14 +54,74 @@ class SearchContext:
         return None
 
 
-def search_context(runtime) -> SearchContext:
-    """The nodes' way to their context.
+def make_agents(config: SearchConfig) -> tuple[Planner, Coder]:
+    if config.planner == "offline":
+        from .offline import OfflineCoder, OfflinePlanner
 
-    The CLI passes a ready SearchContext. A LangGraph server can only pass JSON, so it passes a
-    ``server.ServerRunContext`` naming the task and run directory, resolved here (once per run dir).
-    """
+        return OfflinePlanner(seed=config.seed), OfflineCoder(seed=config.seed)
+    from .llm_agents import make_llm_agents
+
+    return make_llm_agents(config)
+
+
+def default_evaluator(config: SearchConfig, task: Task) -> Evaluator:
+    from .evaluation import SubprocessEvaluator, gpu_driver_present
+
+    budget = config.timing_budget_s or (1.0 if gpu_driver_present() else 0.25)
+    evaluator = SubprocessEvaluator(timeout_s=config.eval_timeout_s, time_budget_s=budget)
+    # On a GPU host: the first evaluation's torch imports and its reference timing overlap the first LLM turns.
+    evaluator.start_ahead(task)
+    return evaluator
+
+
+def make_context(run: RunDir, *, evaluator: Evaluator | None = None,
+                 planner: Planner | None = None, coder: Coder | None = None) -> SearchContext:
+    """Everything the nodes need, rebuilt from the run directory (never checkpointed)."""
+    if planner is None or coder is None:
+        default_planner, default_coder = make_agents(run.config)
+        planner, coder = planner or default_planner, coder or default_coder
+    task = run.task()
+    return SearchContext(
+        task=task,
+        config=run.config,
+        store=run.store(),
+        evaluator=evaluator or default_evaluator(run.config, task),
+        planner=planner,
+        coder=coder,
+        run_dir=run.path,
+    )
+
+
+@dataclass
+class ServerRunContext:
+    """The JSON context of a run on a LangGraph server or in a parent graph (``compose.kernel_search_node``)."""
+
+    task: str  # task folder, as seen by the server process
+    run_dir: str  # created on the first run of a thread, reused by later runs (resume, fork)
+    options: dict[str, Any] = field(default_factory=dict)  # SearchConfig fields, for a new run directory
+
+
+_server_contexts: dict[str, SearchContext] = {}
+_server_lock = threading.Lock()
+
+
+def context_for(ctx: ServerRunContext | dict) -> SearchContext:
+    """The search context of a server run: its run directory opened (or created) once, then reused."""
+    if isinstance(ctx, dict):
+        ctx = ServerRunContext(**ctx)
+    key = str(Path(ctx.run_dir).resolve())
+    with _server_lock:
+        if key not in _server_contexts:
+            if (Path(key) / RUN_FILE).exists():
+                run = RunDir.open(key)
+            else:
+                run = RunDir.create(key, ctx.task, SearchConfig.model_validate(ctx.options))
+            _server_contexts[key] = make_context(run)
+        return _server_contexts[key]
+
+
+def search_context(runtime) -> SearchContext:
+    """The nodes' way to their context: the CLI's ready SearchContext, or a server run's, resolved."""
     if isinstance(runtime.context, SearchContext):
         return runtime.context
-    from .server import context_for
-
     return context_for(runtime.context)

@@ -1,16 +1,39 @@
 """The progress events a search streams (LangGraph's custom stream mode; also kept in the store's event log).
 
-Every event is a JSON object with ``event`` naming its kind; the fields of each kind are below. The CLI's
-live view (``progress.py``) and server clients (``stream_mode="custom"``) read the same events.
+A node emits one of the classes below (``nodes/_common.emit``). On the stream every event is a JSON object
+with ``event`` naming its kind and the class's fields beside it; the store logs the fields under the kind.
+The CLI's live view (``progress.py``) and server clients (``stream_mode="custom"``) read the same objects.
 """
 
 from __future__ import annotations
 
-from typing import TypedDict
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 
-class AttemptEvent(TypedDict):
-    event: str  # "attempt": one iteration (codegen + evaluation) finished
+@dataclass(frozen=True)
+class Event:
+    kind: ClassVar[str]
+
+    def fields(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def as_message(self) -> dict[str, Any]:
+        """The object on the stream: ``{"event": kind, **fields}``."""
+        return {"event": self.kind, **self.fields()}
+
+
+@dataclass(frozen=True)
+class CodegenEvent(Event):
+    kind: ClassVar[str] = "codegen"  # the coder is asked for an attempt's code
+    cycle_id: str
+    attempt_id: str
+    prompt_kind: str  # first | debug | improve
+
+
+@dataclass(frozen=True)
+class AttemptEvent(Event):
+    kind: ClassVar[str] = "attempt"  # one iteration (codegen + evaluation) finished
     attempt_id: str
     cycle_id: str
     node_id: str
@@ -19,21 +42,23 @@ class AttemptEvent(TypedDict):
     status: str  # passed | compile_error | runtime_error | timeout | incorrect_* | suspicious | unavailable
     score: float
     latency_us: float | None
+    log: str  # the first 200 characters of the log excerpt
     best_score: float  # the best score known to this cycle after this attempt
     tokens: int  # LLM tokens spent by the whole run so far
-    log: str  # the first 200 characters of the log excerpt
 
 
-class CycleStartedEvent(TypedDict):
-    event: str  # "cycle_started"
+@dataclass(frozen=True)
+class CycleStartedEvent(Event):
+    kind: ClassVar[str] = "cycle_started"
     cycle_id: str
     node_id: str
     title: str
     allowance: int  # at most this many iterations
 
 
-class CycleFinishedEvent(TypedDict):
-    event: str  # "cycle_finished"
+@dataclass(frozen=True)
+class CycleFinishedEvent(Event):
+    kind: ClassVar[str] = "cycle_finished"
     cycle_id: str
     node_id: str
     passed: bool
@@ -42,19 +67,52 @@ class CycleFinishedEvent(TypedDict):
     reason: str
 
 
-class WorldModelEvent(TypedDict):
-    event: str  # "world_model": after initialisation and every update
+@dataclass(frozen=True)
+class CycleOrphanedEvent(Event):
+    kind: ClassVar[str] = "cycle_orphaned"  # the cycle's node was pruned meanwhile: its evidence is kept only
+    cycle_id: str
+    node_id: str
+
+
+@dataclass(frozen=True)
+class WorldModelEvent(Event):
+    kind: ClassVar[str] = "world_model"  # after initialisation and every update
     phase: str
     nodes: int
     frontier: int
 
 
-class NewBestEvent(TypedDict):
-    event: str  # "new_best"
+@dataclass(frozen=True)
+class NewBestEvent(Event):
+    kind: ClassVar[str] = "new_best"
     attempt_id: str
     score: float
     latency_us: float | None
 
 
-# Also: "codegen" {cycle_id, attempt_id, prompt_kind}; "stopping" {reason}; "finished" {reason, best, iterations};
-# "edit_rejected" / "planner_failed" {errors, ...}; "cycle_orphaned" {cycle_id, node_id}.
+@dataclass(frozen=True)
+class EditRejectedEvent(Event):
+    kind: ClassVar[str] = "edit_rejected"  # the planner's update after a cycle stayed invalid after retries
+    cycle_id: str
+    errors: list[str]
+
+
+@dataclass(frozen=True)
+class PlannerFailedEvent(Event):
+    kind: ClassVar[str] = "planner_failed"  # no valid initial world model after retries: the run pauses
+    phase: str
+    errors: list[str]
+
+
+@dataclass(frozen=True)
+class StoppingEvent(Event):
+    kind: ClassVar[str] = "stopping"
+    reason: str
+
+
+@dataclass(frozen=True)
+class FinishedEvent(Event):
+    kind: ClassVar[str] = "finished"
+    reason: str | None
+    best: dict | None  # the run's best entry (attempt_id, score, latency_us, node_id, source_hash)
+    iterations: int

@@ -1,4 +1,4 @@
-"""The LLM planner and coder: prompts from ``prompts/``, answers through ``llm.LLMClient``.
+"""The LLM planner and coder: prompts from ``ksearch_graph/prompts/``, answers through ``llm.LLMClient``.
 
 The planner returns edit scripts (structured output, validated with pydantic, repaired on error);
 the coder returns source files extracted from fenced code blocks. Token usage of every call,
@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from string import Template
 from typing import Callable
@@ -31,7 +32,6 @@ from .task import Task
 
 from .world_model import MAX_INIT_NODES, EditScript, InsertOp, WorldModel, render
 
-PROMPTS_DIR = Path(os.environ.get("KSEARCH_PROMPTS_DIR", Path(__file__).resolve().parent.parent / "prompts"))
 _SHORT_SPEC_CHARS = 1500  # later prompts repeat only the start of the spec; the first ones carry it all
 _LOG_CHARS = 1500  # of a failure log in the planner's too-hard prompt
 
@@ -114,8 +114,15 @@ def _clip(text: str, limit: int) -> str:
     return text[: max(0, limit - len(marker))] + marker if limit > len(marker) else ""
 
 
+def prompt_template(name: str) -> str:
+    """A prompt template: the package's own (shipped in the wheel), or from $KSEARCH_PROMPTS_DIR if set."""
+    if folder := os.environ.get("KSEARCH_PROMPTS_DIR"):
+        return (Path(folder) / f"{name}.md").read_text(encoding="utf-8")
+    return resources.files("ksearch_graph").joinpath("prompts", f"{name}.md").read_text(encoding="utf-8")
+
+
 def prompt(name: str, **values) -> str:
-    text = (PROMPTS_DIR / f"{name}.md").read_text()
+    text = prompt_template(name)
     return Template(text).substitute({k: "" if v is None else str(v) for k, v in values.items()})
 
 

@@ -25,7 +25,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .run_dir import RunDir
-from .search import history, state_at, summary
+from .search import state_at, summary
 from .world_model import ROOT, Node, WorldModel
 
 PLOT_FILE = "best_score.png"
@@ -54,7 +54,7 @@ class RunFacts:
     attempts: list[dict]  # store rows, seed first, then by iteration
     world_model: WorldModel | None
     titles: dict[str, str]  # cycle id -> the title of the action it implemented
-    best_steps: list[tuple[int, float]]  # (iteration, score) of every attempt that became the global best
+    best_steps: list[tuple[int, float]]  # (iteration, score) of every attempt that raised the best passed score
     lineage: list[dict]  # attempt rows from the root's code to the best kernel
     best_files: dict[str, str]
     environment: dict  # the best attempt's evaluation environment
@@ -87,7 +87,7 @@ def load_facts(run: RunDir) -> RunFacts:
         attempts=attempts,
         world_model=WorldModel.from_state(values["world_model"]) if values.get("world_model") else None,
         titles=titles,
-        best_steps=_best_steps(run, by_id),
+        best_steps=best_steps(attempts),
         lineage=lineage(by_id, best_id),
         best_files=best_files,
         environment=shown_result.get("environment", {}),
@@ -98,18 +98,17 @@ def load_facts(run: RunDir) -> RunFacts:
     )
 
 
-def _best_steps(run: RunDir, by_id: dict[str, dict]) -> list[tuple[int, float]]:
-    """Where the search's best changed, read from the checkpoints.
+def best_steps(attempts: list[dict]) -> list[tuple[int, float]]:
+    """(iteration, score) of every attempt that raised the best passed score: the live view's "best".
 
-    The search only takes a new best when it beats the old one by the noise margin (after a confirming
-    re-measurement), so a running maximum over the attempt scores would not end at the run's real best.
+    Iterations number attempts in the order they finished, across parallel cycles, so an attempt counts from
+    the moment it was measured. The search's own best (the star) is taken when cycles merge and only past the
+    noise margin, so it can sit below the line's end by that margin.
     """
-    steps, seen = [], set()
-    for row in history(run):
-        attempt_id = row["best_attempt"]
-        if attempt_id and attempt_id not in seen and attempt_id in by_id:
-            seen.add(attempt_id)
-            steps.append((by_id[attempt_id]["iteration"], row["best_score"]))
+    steps: list[tuple[int, float]] = []
+    for a in sorted(attempts, key=lambda a: a["iteration"]):
+        if a["status"] == "passed" and (not steps or a["score"] > steps[-1][1]):
+            steps.append((a["iteration"], a["score"]))
     return steps
 
 
@@ -133,6 +132,12 @@ def lineage(by_id: dict[str, dict], attempt_id: str | None) -> list[dict]:
 
 
 def plot_png(facts: RunFacts) -> bytes:
+    buf = io.BytesIO()
+    plot_figure(facts).savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def plot_figure(facts: RunFacts) -> Figure:
     """Best score vs iteration (step line), every attempt as a dot, the action cycles as bars underneath."""
     fig = Figure(figsize=(10, 5.6), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)  # render with Agg without touching pyplot's global backend
@@ -175,10 +180,7 @@ def plot_png(facts: RunFacts) -> bytes:
     bottom.set_ylabel("cycles")
     bottom.set_xlabel("iteration (0 = seed)")
     bottom.set_xlim(-0.7, last_iteration + 0.7)
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return fig
 
 
 def _cycle_spans(attempts: list[dict]) -> dict[str, tuple[int, int, str]]:

@@ -11,54 +11,13 @@ from typing import Any, Callable, Iterator
 
 from langgraph.types import Command
 
-from .agents import Coder, Planner
 from .config import SearchConfig
 from .context import SearchContext
-from .evaluation import Evaluator
 from .graph import build_search_graph
 from .run_dir import RunDir, RunDirError, copy_sqlite
-from .task import Task
 from .world_model import WorldModel, check_invariants
 
 EventSink = Callable[[dict], None]
-
-
-def make_agents(config: SearchConfig) -> tuple[Planner, Coder]:
-    if config.planner == "offline":
-        from .offline import OfflineCoder, OfflinePlanner
-
-        return OfflinePlanner(seed=config.seed), OfflineCoder(seed=config.seed)
-    from .llm_agents import make_llm_agents
-
-    return make_llm_agents(config)
-
-
-def _default_evaluator(config: SearchConfig, task: Task) -> Evaluator:
-    from .evaluation import SubprocessEvaluator, gpu_driver_present
-
-    budget = config.timing_budget_s or (1.0 if gpu_driver_present() else 0.25)
-    evaluator = SubprocessEvaluator(timeout_s=config.eval_timeout_s, time_budget_s=budget)
-    # On a GPU host: the first evaluation's torch imports and its reference timing overlap the first LLM turns.
-    evaluator.start_ahead(task)
-    return evaluator
-
-
-def make_context(run: RunDir, *, evaluator: Evaluator | None = None,
-                 planner: Planner | None = None, coder: Coder | None = None) -> SearchContext:
-    """Everything the nodes need, rebuilt from the run directory (never checkpointed)."""
-    if planner is None or coder is None:
-        default_planner, default_coder = make_agents(run.config)
-        planner, coder = planner or default_planner, coder or default_coder
-    task = run.task()
-    return SearchContext(
-        task=task,
-        config=run.config,
-        store=run.store(),
-        evaluator=evaluator or _default_evaluator(run.config, task),
-        planner=planner,
-        coder=coder,
-        run_dir=run.path,
-    )
 
 
 def drive(run: RunDir, ctx: SearchContext, *, fresh: bool, on_event: EventSink | None = None,

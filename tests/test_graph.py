@@ -13,9 +13,10 @@ import openai
 import pytest
 from conftest import SOFTMAX, insert, kernel_answer, script
 from ksearch_graph.config import Budget, SearchConfig
+from ksearch_graph.context import make_context
 from ksearch_graph.llm import EndpointUnavailable, LLMSettings
 from ksearch_graph.llm_agents import LLMCoder, LLMPlanner
-from ksearch_graph.search import drive, history, make_context, start, state_at, summary
+from ksearch_graph.search import drive, history, start, state_at, summary
 from ksearch_graph.world_model import WorldModel
 
 SETTINGS = LLMSettings(model="scripted", backoff_s=0.01, max_retries=2)

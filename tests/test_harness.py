@@ -1164,12 +1164,12 @@ def test_prestarted_evaluations_are_fresh_processes_whose_imports_cost_nothing(t
 def test_a_search_on_a_gpu_host_starts_its_first_evaluations_processes_as_it_starts(monkeypatch, tmp_path):
     """The evaluator a search makes for itself prestarts on a GPU host, before the first candidate exists, and
     those processes time the search's task's reference while they wait."""
-    from ksearch_graph import evaluation, search
+    from ksearch_graph import context, evaluation
     from ksearch_graph.config import SearchConfig
 
     task = write_task(tmp_path / "task")
     monkeypatch.setattr(evaluation, "gpu_driver_present", lambda: True)
-    ev = search._default_evaluator(SearchConfig(), task)
+    ev = context.default_evaluator(SearchConfig(), task)
     try:
         assert ev.prestart and len(ev._standby) == 1 and ev._standby[0].proc.poll() is None
         assert ev.wait_until_prestarted(timeout_s=120)

@@ -19,7 +19,7 @@ import pytest
 from conftest import SOFTMAX, run_cli
 
 from ksearch_graph.export import export_best
-from ksearch_graph.report import PLOT_FILE, write_report
+from ksearch_graph.report import PLOT_FILE, load_facts, plot_figure, write_report
 from ksearch_graph.run_dir import RunDir
 from ksearch_graph.search import summary
 
@@ -180,6 +180,37 @@ def test_export_best_writes_the_stored_source(run_dir, tmp_path):
     assert len({tuple(sorted(sources[f.name].items())) for f in folders}) == len(folders)  # distinct code
     for f in folders:
         assert json.loads((f / "result.json").read_text())["attempt_id"] == f.name
+
+
+def _slow_seed_task(folder: Path) -> Path:
+    """The softmax example with a seed that repeats its launch 50 times: the search's kernels beat it."""
+    shutil.copytree(SOFTMAX, folder)
+    seed = folder / "seed.py"
+    launch = "    _softmax_row[(rows,)]("
+    assert launch in seed.read_text()
+    seed.write_text(seed.read_text().replace(launch, "    for _ in range(50):\n    " + launch))
+    return folder
+
+
+@pytest.mark.slow
+def test_best_so_far_line_follows_finished_attempts_with_parallel_cycles(tmp_path):
+    """With -k 2 the cycles merge only at the end; the plot's best-so-far line must still rise at the attempt
+    that beat the seed, in the order attempts finished, as the live view printed it."""
+    run_dir = tmp_path / "run"
+    proc = run_cli("run", str(_slow_seed_task(tmp_path / "task")), "--offline", "-k", "2", "--iterations", "4",
+                   "--run-dir", str(run_dir), check=True)
+    rows = _store_rows(run_dir, "select id, iteration, status, score from attempts order by iteration")
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4] and {r["id"][:2] for r in rows[1:]} == {"c1", "c2"}
+
+    line = next(ln for ln in plot_figure(load_facts(RunDir.open(run_dir))).axes[0].get_lines()
+                if ln.get_label() == "best so far")
+    expected = [max(r["score"] for r in rows[:i + 1] if r["status"] == "passed") for i in range(len(rows))]
+    assert list(line.get_xdata()) == [0, 1, 2, 3, 4]
+    assert list(line.get_ydata()) == expected
+    seed_score = rows[0]["score"]
+    first_better = next(r for r in rows if r["status"] == "passed" and r["score"] > seed_score)
+    assert first_better["iteration"] < 4  # the case that went wrong: a new best before the cycles merged
+    assert f"best {first_better['score']:.4g}x ({first_better['id']})" in proc.stdout  # the live view agrees
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (/usr/bin/chromium) for the screenshot")

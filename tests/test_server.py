@@ -56,10 +56,13 @@ def test_run_stream_history_and_fork_over_http(server, tmp_path):
               if part.event.startswith("custom")]
     kinds = [e["event"] for e in events]
     assert "world_model" in kinds and kinds.count("attempt") == 3 and kinds[-1] == "finished"  # seed + 2
+    from dataclasses import fields
+
     from ksearch_graph.events import AttemptEvent
 
     for e in (e for e in events if e["event"] == "attempt"):
-        assert set(AttemptEvent.__annotations__) <= set(e)  # the typed fields clients rely on
+        assert {f.name for f in fields(AttemptEvent)} | {"event"} == set(e)  # the typed fields clients rely on
+        assert AttemptEvent(**{k: v for k, v in e.items() if k != "event"}).as_message() == e
 
     state = client.threads.get_state(thread)
     assert state["values"]["iterations_done"] == 2 and state["next"] == []

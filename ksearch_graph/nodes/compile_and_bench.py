@@ -16,6 +16,7 @@ from langgraph.runtime import Runtime
 
 from ..context import SearchContext, search_context
 from ..evaluation import EvalResult, Status
+from ..events import AttemptEvent
 from ..state import CycleState
 from ..store import attempt_summary
 from ._common import emit
@@ -76,11 +77,12 @@ def evaluate_once(
         codegen_s=pending.get("codegen_s", 0.0),
         eval_s=time.monotonic() - started,
     )
-    emit(runtime, "attempt", attempt_id=attempt_id, cycle_id=cycle_id, node_id=node_id,
-         iteration=row["iteration"], prompt_kind=prompt_kind, status=row["status"],
-         score=row["score"], latency_us=row["latency_us"], log=row["log_excerpt"][:200],
-         best_score=max(best_before, row["score"] if row["status"] == "passed" else 0.0),
-         tokens=ctx.store.token_totals()["total_tokens"])
+    emit(runtime, AttemptEvent(
+        attempt_id=attempt_id, cycle_id=cycle_id, node_id=node_id,
+        iteration=row["iteration"], prompt_kind=prompt_kind, status=row["status"],
+        score=row["score"], latency_us=row["latency_us"], log=row["log_excerpt"][:200],
+        best_score=max(best_before, row["score"] if row["status"] == "passed" else 0.0),
+        tokens=ctx.store.token_totals()["total_tokens"]))
     return row
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from langgraph.runtime import Runtime
 
 from ..context import SearchContext, search_context
+from ..events import FinishedEvent
 from ..state import SearchState
 from ._common import emit
 
@@ -18,6 +19,5 @@ def finalize(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
         for name, text in ctx.store.get_source(best["source_hash"]).items():
             (out / name).write_text(text)
     ctx.store.set_meta("status", "finished")
-    emit(runtime, "finished", reason=state.get("stop_reason"), best=best,
-         iterations=state.get("iterations_done", 0))
+    emit(runtime, FinishedEvent(reason=state.get("stop_reason"), best=best, iterations=state.get("iterations_done", 0)))
     return {"last_node": "finalize"}

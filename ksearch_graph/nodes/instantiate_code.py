@@ -14,6 +14,7 @@ from langgraph.runtime import Runtime
 
 from ..agents import CodeRequest
 from ..context import SearchContext, search_context
+from ..events import CodegenEvent
 from ..state import CycleState
 from ._common import emit
 
@@ -34,7 +35,7 @@ def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict
         else:
             base_hash = cycle["base_source_hash"]
             base_summary = {"id": cycle["base_attempt_id"], "score": cycle["base_score"]} if base_hash else None
-        emit(runtime, "codegen", cycle_id=cycle["id"], attempt_id=attempt_id, prompt_kind=kind)
+        emit(runtime, CodegenEvent(cycle_id=cycle["id"], attempt_id=attempt_id, prompt_kind=kind))
         history = ctx.store.cycle_attempts(cycle["id"])
         request = CodeRequest(
             kind=kind,

@@ -12,6 +12,7 @@ from langgraph.runtime import Runtime
 
 from ..context import SearchContext, search_context
 from ..evaluation import EvalResult
+from ..events import CycleFinishedEvent
 from ..state import CycleState
 from ._common import emit
 
@@ -61,8 +62,8 @@ def reflect(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
     update = {"cycle_best": best, "stagnation": stagnation, "feedback": _feedback(ctx, last, best)}
     if stop is None:
         return update
-    emit(runtime, "cycle_finished", cycle_id=cycle["id"], node_id=cycle["node_id"], passed=best is not None,
-         best_attempt=best["id"] if best else None, attempts=n_attempts, reason=stop)
+    emit(runtime, CycleFinishedEvent(cycle_id=cycle["id"], node_id=cycle["node_id"], passed=best is not None,
+                                     best_attempt=best["id"] if best else None, attempts=n_attempts, reason=stop))
     result = {"cycle_id": cycle["id"], "node_id": cycle["node_id"], "best": best, "n_attempts": n_attempts, "stop": stop}
     return {**update, "stop": stop, "finished_cycles": [result], "last_node": "action_cycle"}
 

@@ -14,6 +14,7 @@ from langgraph.types import Send, interrupt
 from pydantic import BaseModel, ValidationError
 
 from ..context import SearchContext, search_context
+from ..events import CycleStartedEvent, StoppingEvent
 from ..policy import select_actions
 from ..state import SearchState
 from ..world_model import Action, WorldModel
@@ -39,7 +40,7 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
         elif ctx.config.approve_plans:
             picks, wm, stop = _approve(wm, picks)
     if stop is not None:
-        emit(runtime, "stopping", reason=stop)
+        emit(runtime, StoppingEvent(reason=stop))
         return {"stop_reason": stop, "selected": [], "world_model": wm.to_state(), "last_node": "select_plans"}
 
     seq = state.get("cycle_seq", 0)
@@ -61,8 +62,8 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
             "iteration_base": done,
         }
         cycles.append(cycle)
-        emit(runtime, "cycle_started", cycle_id=cycle["id"], node_id=node_id,
-             title=wm.nodes[node_id].action.title, allowance=cycle["allowance"])
+        emit(runtime, CycleStartedEvent(cycle_id=cycle["id"], node_id=node_id,
+                                        title=wm.nodes[node_id].action.title, allowance=cycle["allowance"]))
     return {"selected": cycles, "cycle_seq": seq, "stop_reason": None, "world_model": wm.to_state(),
             "last_node": "select_plans"}
 

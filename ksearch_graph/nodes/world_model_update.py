@@ -13,6 +13,8 @@ from langgraph.runtime import Runtime
 
 from ..agents import Evidence, PlannerOutputError, Usage
 from ..context import SearchContext, search_context
+from ..events import (CycleOrphanedEvent, EditRejectedEvent, NewBestEvent, PlannerFailedEvent,
+                      WorldModelEvent)
 from ..state import CLEAR, SearchState
 from ..world_model import (
     MAX_INIT_NODES,
@@ -85,10 +87,10 @@ def init_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> dic
         lambda script: _checked_init(wm, script),
     )
     if new_wm is None:
-        emit(runtime, "planner_failed", phase="init", errors=errors)
+        emit(runtime, PlannerFailedEvent(phase="init", errors=errors))
         raise PlannerFailed("the planner gave no valid initial world model:\n  " + "\n  ".join(errors))
     ctx.store.snapshot_world_model(new_wm.to_state(), iteration=0, reason="init")
-    emit(runtime, "world_model", phase="init", nodes=len(new_wm.nodes), frontier=len(new_wm.frontier()))
+    emit(runtime, WorldModelEvent(phase="init", nodes=len(new_wm.nodes), frontier=len(new_wm.frontier())))
     return {
         "world_model": new_wm.to_state(),
         "iterations_done": 0,
@@ -130,7 +132,7 @@ def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> d
         iterations += result["n_attempts"]
         merged.append(cycle_id)
         if node_id not in wm.nodes:  # pruned meanwhile by another cycle's update: keep the evidence only
-            emit(runtime, "cycle_orphaned", cycle_id=cycle_id, node_id=node_id)
+            emit(runtime, CycleOrphanedEvent(cycle_id=cycle_id, node_id=node_id))
             continue
         passed = result["best"] is not None
         wm = record_visit(wm, node_id, failed=not passed)
@@ -143,7 +145,7 @@ def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> d
             ))
             if best is None or b["score"] > best["score"] * (1 + ctx.config.noise_margin):
                 best = _best_entry(b, node_id)
-                emit(runtime, "new_best", attempt_id=b["id"], score=b["score"], latency_us=b["latency_us"])
+                emit(runtime, NewBestEvent(attempt_id=b["id"], score=b["score"], latency_us=b["latency_us"]))
             ask = lambda errs, wm=wm, ev=evidence: ctx.planner.after_cycle(ctx.task, wm, ev, errors=errs)
             reason = f"update after {cycle_id}"
         else:
@@ -153,11 +155,11 @@ def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> d
             ctx, f"update:{cycle_id}", ask, lambda s, wm=wm: apply_edits(wm, s, reflect_on=node_id)
         )
         if new_wm is None:
-            emit(runtime, "edit_rejected", cycle_id=cycle_id, errors=errors)
+            emit(runtime, EditRejectedEvent(cycle_id=cycle_id, errors=errors))
             new_wm = ensure_continuation(wm, node_id) if passed else wm
         wm = new_wm
         ctx.store.snapshot_world_model(wm.to_state(), iteration=iterations, reason=reason)
-        emit(runtime, "world_model", phase=reason, nodes=len(wm.nodes), frontier=len(wm.frontier()))
+        emit(runtime, WorldModelEvent(phase=reason, nodes=len(wm.nodes), frontier=len(wm.frontier())))
     return {
         "world_model": wm.to_state(),
         "finished_cycles": CLEAR,
