@@ -37,8 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-HARNESS_TESTS = ["tests/test_evaluation.py", "tests/test_harness.py", "tests/test_cheats.py", "tests/test_trimul.py",
-                 "tests/test_compare.py"]
+HARNESS_TESTS = ["tests/test_evaluation.py", "tests/test_judge.py", "tests/test_timing.py", "tests/test_gpu.py",
+                 "tests/test_guards.py", "tests/test_tensors.py", "tests/test_protocol.py", "tests/test_cheats.py",
+                 "tests/test_trimul.py", "tests/test_compare.py"]
 
 
 def run_tests(files: list[str]) -> dict:
@@ -113,6 +114,8 @@ INDEPENDENT_ROUNDS = 3
 
 def calibrate(rows: list, evaluations: int = 3, budget_s: float = 1.0) -> None:
     from ksearch_graph.task import load_task
+
+    sys.path.insert(0, str(ROOT / "tools" / "diagnostics"))
     from trace_evaluations import traced_evaluations
 
     task = load_task(ROOT / "tools" / "calibration")
@@ -169,7 +172,7 @@ def calibrate(rows: list, evaluations: int = 3, budget_s: float = 1.0) -> None:
 
 
 def trimul(report: dict) -> None:
-    from ksearch_graph.evaluation import SubprocessEvaluator
+    from ksearch_graph.harness.client import SubprocessEvaluator
     from ksearch_graph.task import load_task
 
     task = load_task(ROOT / "examples" / "trimul")

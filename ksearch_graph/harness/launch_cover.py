@@ -15,7 +15,7 @@ on the GPU until the last few microseconds (blocks start, and so end, within a f
 stream's priority. The flush comes first and nothing touches memory during the hold, so the L2 stays flushed.
 What it cannot hold: copy engines, and other processes' contexts (time-sliced).
 
-Standalone like ``_candidate_runner.py`` (stdlib, torch, triton: never ksearch_graph); imported only on CUDA.
+Imports the standard library, torch and triton only, like the rest of the harness; imported only on CUDA.
 """
 
 from __future__ import annotations
