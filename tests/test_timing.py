@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from ksearch_graph.harness import _torch, judge, policy, protocol, tensors, timing
+from ksearch_graph.harness.policy import POLICY
+from ksearch_graph.harness import _torch, judge, protocol, tensors, timing
 from ksearch_graph.harness.timer import Timer
 
 
@@ -22,19 +23,19 @@ def test_a_burst_that_leaves_work_running_is_timed_again_then_charged():
     max(10 us, 20% of its median call) is dropped (an honest host's wake-ups can read long for a whole burst), twice;
     the third charges the workload. One long call, or a tail within the slack, is kept; work hidden in a minority of
     calls is not."""
-    from ksearch_graph.harness.policy import ESCAPE_SLACK_US
+
     from ksearch_graph.harness.timing import SideStreamRule
 
     call = [77.0] * 10
     honest = SideStreamRule()
     assert honest.verdict(call, [3.0] * 9 + [144.0]) == "keep"  # one long wake-up (a collection) is left out
     assert honest.verdict(call, [3.0] * 8 + [40.0] * 2) == "keep"  # (3 * 8 + 40) / 9 = 7.1 us
-    assert honest.verdict(call, [ESCAPE_SLACK_US + 5] * 10) == "keep"  # within 20% of a 77 us call (15.4 us)
+    assert honest.verdict(call, [POLICY.escape_slack_us + 5] * 10) == "keep"  # within 20% of a 77 us call (15.4 us)
     assert honest.verdict(call, [17.0] * 10) == "drop"  # session 15's honest burst
     assert honest.verdict(call, [2.0] * 10) == "keep" and not honest.charged  # timed again: clean
     assert honest.verdict(call, [-30.0] * 4 + [40.0] * 6) == "drop"  # a long probe offsets no other call's tail
     assert SideStreamRule().verdict([1000.0] * 10, [150.0] * 10) == "keep"  # 20% of the call is the slack
-    assert SideStreamRule().verdict([5.0] * 10, [ESCAPE_SLACK_US + 1] * 10) == "drop"  # 10 us at least
+    assert SideStreamRule().verdict([5.0] * 10, [POLICY.escape_slack_us + 1] * 10) == "drop"  # 10 us at least
     assert SideStreamRule().verdict([77.0], [20.0]) == "drop"  # a burst of one call: its own figure
 
     cheat = SideStreamRule()
@@ -153,7 +154,7 @@ def test_a_power_limited_workload_gets_three_bursts_where_they_fit_and_is_judged
     # Cheap bursts (a later one costs its 0.2 s heat): three.
     runner = _StandInRunner(call_us=steady, limited=True)
     times, _ = _bare_judge(budget_s=0.6).time_candidate(runner, w)
-    assert len(runner.bursts) == policy.LIMITED_MIN_BURSTS == 3 and len(times) == 30
+    assert len(runner.bursts) == POLICY.limited_min_bursts == 3 and len(times) == 30
     # A budget that two more bursts' heats overrun: one burst, judged on its calls as before.
     runner = _StandInRunner(call_us=steady, limited=True)
     times, _ = _bare_judge(budget_s=0.3).time_candidate(runner, w)
@@ -173,7 +174,7 @@ def test_a_power_limited_workload_gets_three_bursts_where_they_fit_and_is_judged
     # Bursts whose means disagree by 4% (each burst steady): on until the budget is spent or MAX_RUNS.
     runner = _StandInRunner(call_us=lambda burst, call: 100.0 + 4.0 * (burst % 2), limited=True)
     times, _ = _bare_judge(budget_s=10.0).time_candidate(runner, w)
-    assert len(times) == policy.MAX_RUNS
+    assert len(times) == POLICY.max_runs
 
 
 def test_a_later_burst_is_priced_with_a_later_bursts_heat():
@@ -181,8 +182,8 @@ def test_a_later_burst_is_priced_with_a_later_bursts_heat():
     up to 0.5 s) replaced by a later burst's."""
 
     now = time.perf_counter()
-    assert timing.next_burst_s(now - 0.6, 0.5, limited=True) == pytest.approx(0.1 + policy.HEAT_MIN_S, abs=0.05)
-    assert timing.next_burst_s(now - 0.3, 0.2, limited=False) == pytest.approx(0.1 + policy.HEAT_S, abs=0.05)
+    assert timing.next_burst_s(now - 0.6, 0.5, limited=True) == pytest.approx(0.1 + POLICY.heat_min_s, abs=0.05)
+    assert timing.next_burst_s(now - 0.3, 0.2, limited=False) == pytest.approx(0.1 + POLICY.heat_s, abs=0.05)
 
 
 def test_timing_stops_on_burst_means_for_a_power_limited_workload():
@@ -215,28 +216,28 @@ def test_timing_bursts_grow_within_memory_budget_and_run_limits():
 
 
     j = judge.Judge.__new__(judge.Judge)  # only the sizing rule: no processes
-    j.min_runs, j.args, j.device = policy.MIN_RUNS, SimpleNamespace(time_budget_s=1.0), "cpu"
+    j.min_runs, j.args, j.device = POLICY.min_runs, SimpleNamespace(time_budget_s=1.0), "cpu"
     small = 1 << 20
-    assert j.burst_size(0, small, 1e-3) == policy.MIN_RUNS
+    assert j.burst_size(0, small, 1e-3) == POLICY.min_runs
     assert j.burst_size(3, small, 1e-3) == 6 and j.burst_size(24, small, 1e-3) == 48
-    assert j.burst_size(96, small, 1e-6) == policy.MAX_RUNS - 96  # never past MAX_RUNS in all
-    assert j.burst_size(3, small, 0.2) == policy.MIN_RUNS  # 0.5 s of budget fits 2 calls: MIN_RUNS still
+    assert j.burst_size(96, small, 1e-6) == POLICY.max_runs - 96  # never past MAX_RUNS in all
+    assert j.burst_size(3, small, 0.2) == POLICY.min_runs  # 0.5 s of budget fits 2 calls: MIN_RUNS still
     # A power-limited workload: every burst the same length (a longer one reads faster under the cap).
-    assert j.burst_size(3, small, 1e-3, limited=True) == j.burst_size(24, small, 1e-3, limited=True) == policy.MIN_RUNS
-    assert j.burst_size(0, policy.BURST_BYTES_CPU // 2, 1e-3, limited=True) == 2  # the memory cap still
-    assert j.burst_size(0, policy.BURST_BYTES_CPU // 2, 1e-3) == 2  # the memory cap
-    assert j.burst_size(0, policy.BURST_BYTES_CPU * 3, 1e-3) == 1  # bigger than the cap: one call at a time
+    assert j.burst_size(3, small, 1e-3, limited=True) == j.burst_size(24, small, 1e-3, limited=True) == POLICY.min_runs
+    assert j.burst_size(0, POLICY.burst_bytes_cpu // 2, 1e-3, limited=True) == 2  # the memory cap still
+    assert j.burst_size(0, POLICY.burst_bytes_cpu // 2, 1e-3) == 2  # the memory cap
+    assert j.burst_size(0, POLICY.burst_bytes_cpu * 3, 1e-3) == 1  # bigger than the cap: one call at a time
     # A memory that holds fewer than MIN_RUNS calls: MIN_RUNS in equal bursts (then a power-limited workload's bursts
     # stay that size; another's grow).
     j.min_runs = 10
-    nine = policy.BURST_BYTES_CPU // 9
+    nine = POLICY.burst_bytes_cpu // 9
     assert j.burst_size(0, nine, 1e-3) == j.burst_size(5, nine, 1e-3) == 5
     assert j.burst_size(10, nine, 1e-3, limited=True) == 5 and j.burst_size(10, nine, 1e-3) == 9
-    assert j.burst_size(0, policy.BURST_BYTES_CPU // 3, 1e-3) == 3  # 3 + 3 + 3 + 3: 4 bursts either way
-    assert j.burst_size(0, policy.BURST_BYTES_CPU // 4, 1e-3) == 4  # 4 + 4 + 4
+    assert j.burst_size(0, POLICY.burst_bytes_cpu // 3, 1e-3) == 3  # 3 + 3 + 3 + 3: 4 bursts either way
+    assert j.burst_size(0, POLICY.burst_bytes_cpu // 4, 1e-3) == 4  # 4 + 4 + 4
     # On a GPU the burst memory is an eighth of the device's, with no ceiling (an H200's 139 GiB: 17.4 GiB).
-    h200 = (139 << 30) // policy.BURST_MEMORY_SHARE
-    assert policy.BURST_MEMORY_SHARE == 8
+    h200 = (139 << 30) // POLICY.burst_memory_share
+    assert POLICY.burst_memory_share == 8
     assert timing.burst_size(0, 2 << 30, 1e-3, False, 10, 1.0, h200) == 5  # 8 calls fit: 5 + 5
     assert timing.burst_size(0, (139 << 30) // 8 // 10, 1e-3, False, 10, 1.0, h200) == 10  # exactly 10 fit
 
@@ -245,7 +246,7 @@ def test_timing_stops_at_a_tighter_error_for_a_power_limited_workload():
     """A power-limited kernel's calls vary more: its timing goes on until the mean's relative standard error is below
     TARGET_RSE_LIMITED, not TARGET_RSE; the budget stops both."""
 
-    assert policy.TARGET_RSE_LIMITED < policy.TARGET_RSE
+    assert POLICY.target_rse_limited < POLICY.target_rse
     times = [100.0, 103.0] * 8  # 16 calls, relative standard error 0.38% (1.5% per call)
     noisy = [100.0, 106.0] * 8  # 0.77%
     assert timing.precise_enough(times, 0.0, 1.0, 0.1) and timing.precise_enough(times, 0.0, 1.0, 0.1, limited=True)
@@ -293,45 +294,45 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
             return clock_held, 200.0 + (k - stale_windows - 1) // period + 1
 
         nvml.read, nvml.has_power = read, power
-        nvml.at_limit = lambda w, share=policy.POWER_LIMITED: (bool(limited) and w > 200.0) or (
-            first_change and w == 201.0) or (share < policy.POWER_LIMITED and near and w > 200.0)
+        nvml.at_limit = lambda w, share=POLICY.power_limited: (bool(limited) and w > 200.0) or (
+            first_change and w == 201.0) or (share < POLICY.power_limited and near and w > 200.0)
         timer.heat(None, (), first=first)
         return clock[0]
 
     timer.perf = lambda: clock[0]
     timer.back_to_back = back_to_back
     timer.gauge = nvml
-    window = policy.HEAT_WINDOW_S
+    window = POLICY.heat_window_s
     # A process's first heat, power-limited: at least FIRST_HEAT_MIN_S however flat (a cool GPU throttles late).
-    assert policy.FIRST_HEAT_MIN_S <= heat() <= policy.FIRST_HEAT_MIN_S + 2 * window and timer.limited
+    assert POLICY.first_heat_min_s <= heat() <= POLICY.first_heat_min_s + 2 * window and timer.limited
     # A later workload, power-limited: at least HEAT_MIN_S, then until a window is no slower than the one before.
-    rising = round(policy.HEAT_MIN_S / window) + 2  # windows still slowing down after HEAT_MIN_S
+    rising = round(POLICY.heat_min_s / window) + 2  # windows still slowing down after HEAT_MIN_S
     assert heat(times=[100 + 4 * i for i in range(rising)] + [100 + 4 * rising - 3.5]) == pytest.approx(
         (rising + 1) * window)
-    assert policy.HEAT_MAX_S <= heat(times=[100 + 5 * i for i in range(100)]) <= policy.HEAT_MAX_S + window
+    assert POLICY.heat_max_s <= heat(times=[100 + 5 * i for i in range(100)]) <= POLICY.heat_max_s + window
     # Not power-limited: a few windows; no fillers afterwards.
-    assert heat(limited=False) == pytest.approx(policy.UNLIMITED_HEAT_WINDOWS[0] * window) and not timer.limited
+    assert heat(limited=False) == pytest.approx(POLICY.unlimited_heat_windows[0] * window) and not timer.limited
     asked.clear()
     timer.fill(None, (), gap_s=1e-3, call_us=1000.0)
     assert asked == []
     # NVML at top clock, but the calls keep slowing down under their own load, by more than LOAD_SLOWDOWN after the
     # first window: limited too (a heat ends after two windows only if the second is no slower than the first).
-    assert heat(times=[95.0, 97.0, 99.0, 101.0], limited=False) >= policy.HEAT_MIN_S and timer.limited
+    assert heat(times=[95.0, 97.0, 99.0, 101.0], limited=False) >= POLICY.heat_min_s and timer.limited
     assert timer.limited_by == "slowdown"
-    assert heat(times=[95.0, 97.0, 98.0, 98.5], limited=False) < policy.HEAT_MIN_S and not timer.limited
+    assert heat(times=[95.0, 97.0, 98.0, 98.5], limited=False) < POLICY.heat_min_s and not timer.limited
     # The same slowdown with the power far below the cap (a few-us kernel's windows move by 3% without it, session
     # 10): not limited. Without a power reading in the driver, the slowdown decides.
-    assert heat(times=[95.0, 97.0, 99.0, 101.0], limited=False, near=False) < policy.HEAT_MIN_S
+    assert heat(times=[95.0, 97.0, 99.0, 101.0], limited=False, near=False) < POLICY.heat_min_s
     assert not timer.limited and timer.limited_by is None
-    assert heat(times=[95.0, 97.0, 99.0, 101.0], limited=False, held=False, power=False) >= policy.HEAT_MIN_S
+    assert heat(times=[95.0, 97.0, 99.0, 101.0], limited=False, held=False, power=False) >= POLICY.heat_min_s
     assert timer.limited_by == "slowdown"
     # Only the readings that count say how near the cap the GPU is: a first refresh near it (it may cover the previous
     # workload) does not make a slowdown count; a slowdown before the first counted reading counts once one is near.
-    assert heat(times=[95.0, 97.0, 99.0, 101.0], limited=False, near=False, first_change=True, period=4) < policy.HEAT_MIN_S
+    assert heat(times=[95.0, 97.0, 99.0, 101.0], limited=False, near=False, first_change=True, period=4) < POLICY.heat_min_s
     assert not timer.limited
     slowing = [95.0, 97.0, 99.0, 101.0] + [101.0] * 4
-    assert heat(times=slowing, limited=False, stale_windows=5) >= policy.HEAT_MIN_S and timer.limited_by == "slowdown"
-    assert heat(times=slowing, limited=False, stale_windows=5, near=False) < policy.HEAT_MIN_S and not timer.limited
+    assert heat(times=slowing, limited=False, stale_windows=5) >= POLICY.heat_min_s and timer.limited_by == "slowdown"
+    assert heat(times=slowing, limited=False, stale_windows=5, near=False) < POLICY.heat_min_s and not timer.limited
     # Not limited, but NVML's power reading stays what it was before the heat for 5 windows: the heat waits for one
     # from within the heat (its second change: the seventh window's).
     assert heat(limited=False, stale_windows=5) == pytest.approx(7 * window) and not timer.limited
@@ -341,29 +342,29 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
     assert heat(limited=False, first_change=True, period=4) == pytest.approx(5 * window) and not timer.limited
     # The clock held below top (it lags: the previous workload's cap) but fresh power readings well below the limit:
     # not limited. Without a power reading in the driver, the clock decides.
-    assert heat(limited=False, held=True) == pytest.approx(policy.UNLIMITED_HEAT_WINDOWS[0] * window)
+    assert heat(limited=False, held=True) == pytest.approx(POLICY.unlimited_heat_windows[0] * window)
     assert not timer.limited
-    assert heat(limited=False, held=True, power=False) >= policy.HEAT_MIN_S and timer.limited
+    assert heat(limited=False, held=True, power=False) >= POLICY.heat_min_s and timer.limited
     # A power query that fails now and then (the driver has the field): those windows are skipped, the clock is not
     # asked instead.
     assert heat(limited=False, held=True, failed={1, 2}, stale_windows=2) == pytest.approx(4 * window)
     assert not timer.limited
-    assert heat(limited=False, power=False) == pytest.approx(policy.UNLIMITED_HEAT_WINDOWS[0] * window)
+    assert heat(limited=False, power=False) == pytest.approx(POLICY.unlimited_heat_windows[0] * window)
     assert not timer.limited
     # Clock at top, but a fresh power reading at the limit: limited (it reads early, before the clock drops).
-    assert heat(limited=True, held=False) >= policy.HEAT_MIN_S and timer.limited and timer.limited_by == "power"
+    assert heat(limited=True, held=False) >= POLICY.heat_min_s and timer.limited and timer.limited_by == "power"
     # No fresh reading within HEAT_MAX_S, or no NVML at all: the safe side, power-limited.
-    assert heat(limited=None) >= policy.HEAT_MAX_S and timer.limited and timer.limited_by == "no power reading"
+    assert heat(limited=None) >= POLICY.heat_max_s and timer.limited and timer.limited_by == "no power reading"
     nvml.available = False
-    assert heat(limited=False) >= policy.HEAT_MIN_S and timer.limited and timer.limited_by == "no NVML"
+    assert heat(limited=False) >= POLICY.heat_min_s and timer.limited and timer.limited_by == "no NVML"
     nvml.available = True
     asked.clear()
     timer.heat(None, (), first=False)  # a later burst of the same workload, power-limited: the GPU idled meanwhile
-    assert asked == [policy.HEAT_MIN_S] and timer.limited
+    assert asked == [POLICY.heat_min_s] and timer.limited
     timer.limited = False
     asked.clear()
     timer.heat(None, (), first=False)  # not power-limited: a short heat
-    assert asked == [policy.HEAT_S] and not timer.limited
+    assert asked == [POLICY.heat_s] and not timer.limited
     timer.limited = True
     # Fillers: enough that calls fill FILL_DUTY of the time, at most FILL_MAX x the timed call.
     asked.clear()
@@ -371,11 +372,11 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
     timer.fill(None, (), gap_s=50e-6, call_us=1000.0)
     assert asked == []
     timer.fill(None, (), gap_s=1e-3, call_us=1000.0)
-    want = min(policy.FILL_DUTY / (1 - policy.FILL_DUTY) * 1e-3 - 1e-3, policy.FILL_MAX * 1e-3)
+    want = min(POLICY.fill_duty / (1 - POLICY.fill_duty) * 1e-3 - 1e-3, POLICY.fill_max * 1e-3)
     assert asked == [pytest.approx(want)] and want > 0
     # A fresh process's first heat, not power-limited: more windows than later ones (the GPU may be cool).
     timer.heated = False
-    assert heat(limited=False) == pytest.approx(policy.UNLIMITED_HEAT_WINDOWS[1] * window)
+    assert heat(limited=False) == pytest.approx(POLICY.unlimited_heat_windows[1] * window)
 
 
 def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_before_the_next_inputs_exist():
@@ -483,4 +484,4 @@ def test_the_heat_tells_a_power_limited_kernel_from_a_light_one_through_nvml():
     # Memory-bound, about 560 W: not limited, told by a refreshed power reading (a heat without one runs to
     # HEAT_MAX_S and counts as limited).
     assert not heats["scale 256M fp32"][0], f"a 256M fp32 scale back to back read as power-limited: {heats}"
-    assert heats["scale 256M fp32"][1] < policy.HEAT_MAX_S, f"no refreshed power reading in the heat: {heats}"
+    assert heats["scale 256M fp32"][1] < POLICY.heat_max_s, f"no refreshed power reading in the heat: {heats}"

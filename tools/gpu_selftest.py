@@ -14,7 +14,7 @@
    without its checks and copies), and CUDA-graph replay of 20 calls (warm L2), each INDEPENDENT_ROUNDS times, a
    round over all workloads. Prints a table: harness mean, its spread over the evaluations, each independent
    figure (median of its rounds) with its own spread and the difference. The spreads matter for power-limited
-   kernels: do_bench read a 4096^3 bf16 matmul at 176.6 and 192.3 us in two calls of session 10, so one reading of
+   kernels: do_bench read a 4096^3 bf16 matmul at 176.6 and 192.3 us in two calls, so one reading of
    it cannot judge a 5% agreement.
 3. TriMul (examples/trimul/, all 25 workloads: 18 correctness-only + 7 timed) with the seed submission, three times
    with one evaluator, as a search would: each finds its processes prestarted (imports done: the first pair starts

@@ -7,7 +7,7 @@ import ctypes
 import importlib
 
 from ._torch import load_torch
-from .policy import CLOCK_LIMITED, COVER_S, POWER_LIMITED
+from .policy import POLICY
 from .reporting import progress
 
 
@@ -69,7 +69,7 @@ class NvmlValue(ctypes.Union):
 
 class NvmlField(ctypes.Structure):
     """nvmlFieldValue_t (nvml.h): one value of nvmlDeviceGetFieldValues. Its timestamp is when the value was asked
-    for, not when the driver measured it (session 8: the instantaneous power's always read 0 ms old)."""
+    for, not when the driver measured it (the instantaneous power's always read 0 ms old)."""
     _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
                 ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int),
                 ("value", NvmlValue)]
@@ -82,11 +82,11 @@ class NvmlField(ctypes.Structure):
 
 class PowerGauge:
     """What NVML (the driver's libnvidia-ml, loaded by ctypes) says about the GPU's power limit: ``read()`` gives
-    whether the clock is held now (the SM clock below CLOCK_LIMITED of its top clock, or a clock-event reason that
+    whether the clock is held now (the SM clock below clock_limited of its top clock, or a clock-event reason that
     says the power cap or a slowdown holds it: THROTTLED) and the instantaneous power; ``at_limit`` compares the
-    power with the enforced limit (POWER_LIMITED). ``Timer.heat`` decides which reading counts.
+    power with the enforced limit (POLICY.power_limited). ``Timer.heat`` decides which reading counts.
 
-    The power reading is what tells early: on an H200 (session 8) an 8192^3 bf16 matmul back to back read 792-872 W
+    The power reading is what tells early: on an H200 (docs/timing.md) an 8192^3 bf16 matmul back to back read 792-872 W
     of 700 while the clock was still at or near top; the cap then pulled the clock to 1500 MHz and the calls from
     1.40-1.44 ms to 1.59-1.63 ms. A 3072^3 matmul read 640-664 W and kept its top clock; a 4096^3 read 700-759 W and
     went to 1740-1875 MHz. The clock and its reasons lag: they still read the cap after the load had gone.
@@ -132,15 +132,15 @@ class PowerGauge:
         return None if mw is None else mw / 1e3
 
     def read(self) -> tuple[bool, float | None]:
-        """(whether the clock is held now: below CLOCK_LIMITED of its top, or a THROTTLED reason; ``power()``)."""
+        """(whether the clock is held now: below clock_limited of its top, or a THROTTLED reason; ``power()``)."""
         now, reasons = ctypes.c_uint(0), ctypes.c_ulonglong(0)
         held = self.lib.nvmlDeviceGetClockInfo(self.handle, self.SM, ctypes.byref(now)) == 0 \
-            and now.value < CLOCK_LIMITED * self.top
+            and now.value < POLICY.clock_limited * self.top
         held = held or (self.reasons is not None and self.reasons(self.handle, ctypes.byref(reasons)) == 0
                         and bool(reasons.value & self.THROTTLED))
         return held, self.power()
 
-    def at_limit(self, watts: float, share: float = POWER_LIMITED) -> bool:
+    def at_limit(self, watts: float, share: float = POLICY.power_limited) -> bool:
         return watts * 1e3 >= share * self.limit_mw
 
 
@@ -151,9 +151,9 @@ def launch_cover(flush) -> tuple:
     torch = load_torch()
     try:
         cover = importlib.import_module(f"{__package__}.launch_cover")
-        return cover.LaunchCover(flush, COVER_S), "every SM held"
+        return cover.LaunchCover(flush, POLICY.cover_s), "every SM held"
     except Exception as e:  # noqa: BLE001 - any failure to build it leaves the weaker cover, reported
-        spin, zero_, cycles = torch.cuda._sleep, torch.Tensor.zero_, int(COVER_S * 2e9)
+        spin, zero_, cycles = torch.cuda._sleep, torch.Tensor.zero_, int(POLICY.cover_s * 2e9)
 
         def cover():
             spin(cycles)

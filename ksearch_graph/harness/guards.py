@@ -23,8 +23,8 @@ class InterpreterHooks:
     candidate as suspicious. Bound here, before any candidate code is imported.
 
     A thread of the candidate's can install a hook after ``disarm`` (this thread releases the GIL while it waits for
-    the device), so ``recheck`` looks again once the output is copied: a hook that was there then is found. Not
-    covered (BENCHMARKS.md, session 11): such a hook that removes itself before ``recheck``, and kernels registered
+    the device), so ``recheck`` looks again once the output is copied: a hook that was there then is found.
+    Not covered: such a hook that removes itself before ``recheck``, and kernels registered
     for aten operators from C++. The fix for the whole class is a copy queued on the device right behind the end
     event, made without torch's dispatcher; it changes the escape check, so it waits for a GPU run."""
 

@@ -27,7 +27,7 @@ Order of work:
    Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
 3. Timing of the timed workloads, holding the GPU's timing lock, in bursts (``timing.timed_burst``): every timed call
    on an input set generated just before it, under sustained load (a heat of the same calls before, untimed calls
-   between for power-limited workloads: see policy.FILL_DUTY), behind a launch cover that flushes the L2 (policy.COVER_S),
+   between for power-limited workloads: policy.py, fill_duty), behind a launch cover that flushes the L2 (cover_s),
    events plus a device-wide synchronize, its output copied and fingerprinted at once. After each burst the judge
    picks which calls to re-check against the reference (the first and last timed call, and a random fifth of the
    others): the candidate cannot tell which.
@@ -58,9 +58,9 @@ from .compare import compare, same  # noqa: E402
 from .gpu import gpu_healthy  # noqa: E402
 from .guards import InterpreterHooks  # noqa: E402
 from .isolation import die_with_parent, harden  # noqa: E402
-from .policy import (CHECK_PROBABILITY, FILL_MAX, HEAT_MAX_S, HEAT_MIN_S, MIN_RUNS, MIN_RUNS_GPU,  # noqa: E402
-                     UNTIMED_RATIO)
-from .protocol import Burst, Call, Drop, Flags, Import, Loaded, Next, Output, Ready, Seed, Send, Timed, Warm, Warmed  # noqa: E402,E501
+from .policy import POLICY  # noqa: E402
+from .protocol import (Burst, Call, Drop, Flags, Import, Loaded, Next, Output, Ready, Seed, Send,  # noqa: E402
+                       Timed, Warm, Warmed)
 from .reporting import Failure, clip, describe, progress  # noqa: E402
 from .runner_process import RunnerProcess  # noqa: E402
 from .session import SEED_ENV, TRACE_ENV, JobWatch, Session, read_job, timing_lock  # noqa: E402
@@ -91,7 +91,7 @@ class Judge:
         self.trace_path = os.environ.get(TRACE_ENV)
         self.timer.heated = False  # the first heat here may start from a GPU that cooled while this process waited
         self.device = "cuda" if timer.cuda else "cpu"  # the session's, which made the timer
-        self.min_runs = MIN_RUNS_GPU if self.device == "cuda" else MIN_RUNS
+        self.min_runs = POLICY.min_runs_gpu if self.device == "cuda" else POLICY.min_runs
         self.ref = load_module("ksearch_reference", os.path.join(args.task, task["reference"]))
         self.baseline = None
         if task["baseline"]:
@@ -100,7 +100,7 @@ class Judge:
         # The reference's timed calls take the same steps as the candidate's, its interpreter-hook check included:
         # on CPU, where no device clock leaves that host time out, the calibration candidate (the reference's own
         # call) read 0.28-0.38x on its 4096-element multiplies without it (the check: ~11 us of ~29), 0.53-0.76x
-        # with it (session 13; likely the rest: the candidate's process has just woken from the judge's seed round
+        # with it (likely the rest: the candidate's process has just woken from the judge's seed round
         # trip). On a GPU it runs under the launch cover. Made after the task's modules are imported: the check
         # puts back what it saw then (gc callbacks, trace and profile functions) after every call.
         self.timer.hooks = InterpreterHooks()
@@ -182,10 +182,10 @@ class Judge:
                      for k in range(self.burst_size(len(times), self.call_bytes[name], call_s,
                                                     self.power_limited.get(name, False)))]
             made += len(seeds)
-            # A later burst's heat: HEAT_MIN_S (or HEAT_S), plus the calls still in flight when it ends.
-            heat_s = (HEAT_MIN_S if first else HEAT_MAX_S) + 2 * call_s
+            # A later burst's heat: POLICY.heat_min_s (or POLICY.heat_s), plus the calls still in flight when it ends.
+            heat_s = (POLICY.heat_min_s if first else POLICY.heat_max_s) + 2 * call_s
             deadline = time.monotonic() + self.args.call_timeout_s + (
-                len(seeds) * (1 + FILL_MAX) + 2) * 4 * call_s + heat_s
+                len(seeds) * (1 + POLICY.fill_max) + 2) * 4 * call_s + heat_s
             reply = runner.request(Burst(name, params, len(seeds), derive_seed(self.base_seed, name, "heat", first),
                                          first == 0), deadline - time.monotonic(), where, expect=(Next, Timed))
             served = 0
@@ -215,7 +215,7 @@ class Judge:
             # Against the fastest timed call: a timed call slowed by the GPU (a clock state, another process) must
             # not make an honest candidate suspicious.
             fastest = min(t[0] for t in timed)
-            if untimed is not None and untimed < UNTIMED_RATIO * fastest:
+            if untimed is not None and untimed < POLICY.untimed_ratio * fastest:
                 raise Failure("suspicious", f"{where}: untimed calls on repeated inputs (the heat before the timed "
                               f"calls) took {untimed:.1f} us, the fastest timed call on fresh inputs "
                               f"{fastest:.1f} us: "
@@ -235,17 +235,17 @@ class Judge:
                 tails += [tail for _, tail, _, _ in timed]
             # The process's own heat figure (a total so far), bounded by this burst's time here and by the longest
             # heat there is: it only decides whether three bursts fit, so a process that overstates it gets at most
-            # HEAT_MAX_S of room for them (another burst or two, within the call limits), and one that understates
-            # it its old single burst, which telling the judge it is not power-limited would give it anyway.
+            # heat_max_s of room for them (another burst or two, within the call limits), and one that understates
+            # it a single burst, which telling the judge it is not power-limited would give it anyway.
             heat_s = min(max(0.0, self.phases["timing_heat"] - heated), time.perf_counter() - burst_started,
-                         HEAT_MAX_S + 2 * call_s)
+                         POLICY.heat_max_s + 2 * call_s)
             bursts.add(first, 0 if verdict == "drop" else len(device), burst_started, heat_s, self.power_limited[name])
             last = verdict != "drop" and precise_enough(side.reported(times, tails), started,
                                                         self.args.time_budget_s, time.perf_counter(),
                                                         self.min_runs, self.power_limited[name], *bursts.rule())
             # Which outputs get re-checked is chosen now, after the burst: the candidate cannot tell which.
             chosen = [i for i in range(len(seeds)) if (first == 0 and i == 0) or (last and i == len(seeds) - 1)
-                      or self.rng.random() < CHECK_PROBABILITY]
+                      or self.rng.random() < POLICY.check_probability]
             for i in chosen:
                 sent = runner.request(Send(i), self.args.call_timeout_s, where, expect=Output)
                 out, got_inputs = sent.out, sent.inputs

@@ -111,7 +111,7 @@ class Session:
         # The judge's timer (the CUDA context, its flush buffer, NVML, the launch cover) and cuBLAS, made here as the
         # runner makes its own before it says "loaded": a process started ahead of its job has them off the
         # evaluation's clock. On an H200 a TriMul evaluation whose judge had them ready took 8.9 s, 10.0-10.1 s
-        # otherwise (session 9).
+        # otherwise (docs/timing.md).
         self.timer = Timer(self.device)
         if self.device == "cuda":
             warm = torch.ones(64, 64, device=self.device)

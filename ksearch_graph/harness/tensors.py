@@ -63,7 +63,7 @@ def checksum(t):
 
     Two reads of the tensor and an int64 copy, against a float64 copy, nan_to_num, abs and two sums before: on an
     H200 the word sum alone took 2.2 ms for TriMul's 1.6 GB outputs where the old sums took 6.7 ms, which a
-    power-limited workload paid again 11x over in fillers (session 9)."""
+    power-limited workload paid again 11x over in fillers (docs/timing.md)."""
     torch = load_torch()
     t = t.detach().resolve_conj().resolve_neg()
     raw = t.contiguous().reshape(-1).view(torch.uint8)

@@ -10,8 +10,7 @@ import time
 from ._torch import load_torch
 from .gpu import CudaRuntime, PowerGauge, launch_cover
 from .guards import InterpreterHooks
-from .policy import (FILL_DUTY, FILL_MAX, FIRST_HEAT_MIN_S, FLUSH_BYTES, HEAT_MAX_S, HEAT_MIN_S, HEAT_WINDOW_S,
-                     LOAD_SLOWDOWN, SLOWDOWN_POWER, UNLIMITED_HEAT_WINDOWS)
+from .policy import POLICY
 from .reporting import progress
 from .tensors import leaves, output_items, small_block_sizes, snapshot
 from .timing import later_heat_s
@@ -48,7 +47,7 @@ class Timer:
         self.gauge = None  # PowerGauge on CUDA
         if self.cuda:
             self.runtime = CudaRuntime()  # first: it sets how the host waits, before the context exists
-            self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+            self.flush = torch.empty(POLICY.flush_bytes, dtype=torch.uint8, device=device)
             # No Python of torch's between these and the C calls: torch.cuda.Event() runs the class's __new__,
             # Event.record looks torch.cuda.current_stream up when called, torch.cuda.synchronize torch.cuda.device,
             # all after the inputs exist and before the start event. Code a candidate put there could compute its
@@ -76,7 +75,7 @@ class Timer:
 
     def time(self, fn, args) -> tuple:
         """(output, device us, tail us, probe us, host us) of one call, behind the launch cover, which flushes the L2
-        (256 MB written) and then holds the GPU (see COVER_S).
+        (256 MB written) and then holds the GPU (see POLICY.cover_s).
 
         Tail: how long the device stayed busy after the call's end event, as this process sees it; probe: how long it
         takes this process, right now, to see an idle device (the shorter of two probes just before the call). Tail
@@ -86,12 +85,12 @@ class Timer:
         31-32 us here. A probe taken after busy work of its own read it 15-30 us short (host wake-up after a wait
         differs from this idle one), so the probe stays idle, and the host spins instead of yielding while it waits
         (see CudaRuntime), which keeps wake-ups short. A single probe by a host that had just waited read ~11 us
-        long (session 7); the second of two is warmer.
+        long (docs/timing.md); the second of two is warmer.
         """
         # A collection of a process that has imported torch takes up to ~1 ms. Within a timed call it fell between
         # the launch cover and the call's launch (a 32 us matmul read 101-191 us, its host 570-730 us past the
         # cover) or between the synchronize and the idle event (a tail the escape check charged: an honest 32 us
-        # matmul read 64 us in 2 of 3 evaluations on an H200, session 11). The collector runs between calls instead.
+        # matmul read 64 us in 2 of 3 evaluations on an H200; docs/timing.md). The collector runs between calls instead.
         with self.collector_off():
             return self._time(fn, args)
 
@@ -131,7 +130,7 @@ class Timer:
             self.runtime.reset_persisting_l2()
         probe = min(self.idle_gap_us(), self.idle_gap_us())
         start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
-        self.cover()  # flushes the L2, then holds the GPU while the call is launched (see COVER_S)
+        self.cover()  # flushes the L2, then holds the GPU while the call is launched (see POLICY.cover_s)
         h0 = self.perf()
         self.record(start)
         out = fn(*args)
@@ -178,7 +177,7 @@ class Timer:
     def heat(self, fn, args, first: bool) -> None:
         """The candidate's own calls back to back before a burst of timed calls; before a workload's ``first`` burst,
         until a window of them is no slower than the one before, and long enough for a power-limited kernel to
-        settle (see HEAT_MIN_S); that heat also says whether this workload is power-limited."""
+        settle (see POLICY.heat_min_s); that heat also says whether this workload is power-limited."""
         t0 = self.perf()
         try:
             self._heat(fn, args, first)
@@ -189,24 +188,24 @@ class Timer:
         if not first:
             self.back_to_back(fn, args, later_heat_s(self.limited), min_calls=2)
             return
-        least = (FIRST_HEAT_MIN_S, UNLIMITED_HEAT_WINDOWS[1]) if not self.heated else (
-            HEAT_MIN_S, UNLIMITED_HEAT_WINDOWS[0])
+        least = (POLICY.first_heat_min_s, POLICY.unlimited_heat_windows[1]) if not self.heated else (
+            POLICY.heat_min_s, POLICY.unlimited_heat_windows[0])
         gauge = self.gauge if self.gauge is not None and self.gauge.available else None
         windows, started = [], self.perf()
         seen = gauge is None  # without NVML: limited (the safe side), no reading to wait for
         # A power reading counts from the second time it changed since the heat began. NVML refreshes it about every
         # 100 ms (H200), and the first refresh can cover time before the heat (the idle or the previous workload):
-        # a 4096^3 bf16 matmul read 490 W at its first refresh, 717 W at its second (session 8). The clock and its
+        # a 4096^3 bf16 matmul read 490 W at its first refresh, 717 W at its second (docs/timing.md). The clock and its
         # reasons lag the load they react to (an H200 still read the power cap 50 ms into a light workload's heat
         # after an 8192^3 matmul's timing), so they count only where the driver has no power reading.
         changes, last = 0, gauge.read()[1] if gauge is not None else None
         self.heated, self.heat_trace, why = True, [], "no NVML" if gauge is None else None
         peak = 0.0  # the highest power reading that counts (W)
-        while self.cuda and self.perf() - started < HEAT_MAX_S:
+        while self.cuda and self.perf() - started < POLICY.heat_max_s:
             done, now = len(self.untimed_us), []
-            # NVML is read while calls still run: a GPU idle for a moment reads top clock again (session 7: an
+            # NVML is read while calls still run: a GPU idle for a moment reads top clock again (an
             # 8192^3 bf16 matmul at 1.39 ms against do_bench's 1.63 read as not limited after a synchronize).
-            self.back_to_back(fn, args, HEAT_WINDOW_S, while_busy=None if gauge is None else lambda: now.append(
+            self.back_to_back(fn, args, POLICY.heat_window_s, while_busy=None if gauge is None else lambda: now.append(
                 gauge.read()))
             windows.append(sum(self.untimed_us[done:]) / max(1, len(self.untimed_us) - done))
             held, watts = now[-1] if now else (None, None)
@@ -219,23 +218,24 @@ class Timer:
                     changes, last = changes + 1, watts
                     if changes >= 2:
                         why, seen, peak = why or ("power" if gauge.at_limit(watts) else None), True, max(peak, watts)
-            near_cap = gauge is not None and (not gauge.has_power or gauge.at_limit(peak, SLOWDOWN_POWER))
-            if near_cap and len(windows) > 1 and windows[-1] > min(windows[1:]) * (1 + LOAD_SLOWDOWN):
+            near_cap = gauge is not None and (not gauge.has_power or gauge.at_limit(peak, POLICY.slowdown_power))
+            if near_cap and len(windows) > 1 and windows[-1] > min(windows[1:]) * (1 + POLICY.load_slowdown):
                 why = why or "slowdown"
             limited = why is not None
             settled = self.perf() - started >= least[0] if limited else seen and len(windows) >= least[1]
             if settled and len(windows) > 1 and windows[-1] <= windows[-2] * 1.01:
                 break
-        if not seen:  # no fresh power reading within HEAT_MAX_S: the safe side
-            progress(f"heat: no NVML power reading refreshed within {HEAT_MAX_S:g} s; counted as power-limited")
+        if not seen:  # no fresh power reading within POLICY.heat_max_s: the safe side
+            progress(f"heat: no NVML power reading refreshed within {POLICY.heat_max_s:g} s; counted as power-limited")
             why = why or "no power reading"
         self.limited, self.limited_by = why is not None, why
 
     def fill(self, fn, args, gap_s: float, call_us: float) -> None:
         """Between two timed calls of a power-limited workload, before the next one's inputs exist: enough untimed
-        calls that calls fill FILL_DUTY of the time, given the ``gap_s`` of other work around the last timed call
+        calls that calls fill POLICY.fill_duty of the time, given the ``gap_s`` of other work around the last timed call
         (of ``call_us``)."""
-        seconds = min(FILL_DUTY / (1 - FILL_DUTY) * gap_s - call_us * 1e-6, FILL_MAX * call_us * 1e-6)
+        duty = POLICY.fill_duty
+        seconds = min(duty / (1 - duty) * gap_s - call_us * 1e-6, POLICY.fill_max * call_us * 1e-6)
         if self.limited and seconds > 0:
             t0 = self.perf()
             self.back_to_back(fn, args, seconds)
@@ -247,14 +247,14 @@ class Timer:
         outputs), so no timed call's own allocation needs a new segment from the driver. The output's sizes are
         those of the first call of the last untimed run (``back_to_back``: the heat's last window).
 
-        Why (session 12, H200): the burst holds every call's inputs and output copy for the judge's checks, so the
+        Why (H200; docs/timing.md): the burst holds every call's inputs and output copy for the judge's checks, so the
         caching allocator ran out of cached small blocks about once a burst, and the candidate's output allocation
         inside that timed call was a cudaMalloc, which waits for the launch cover: a 32 us matmul read 297-365 us.
         Requests of 1-10 MB share 20 MB segments and could run out the same way; they are not reserved (the slow
         calls seen were small-pool ones, and this is what ran on the GPU); from 10 MB a request gets a segment of
         its own, cached from the workload's warm-up and earlier bursts. The output's sizes come from the heat, not
         from a call of its own: one more call between the heat and the burst made TriMul's fillers grow from 3.1 to
-        5.2 s (session 13, every time, cause not found)."""
+        5.2 s (every time, cause not found)."""
         if not self.cuda:
             return
         sizes = small_block_sizes(leaves(held)) + self.output_small_sizes

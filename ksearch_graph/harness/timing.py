@@ -9,8 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ._torch import load_torch
-from .policy import (BURST_BYTES_CPU, BURST_MEMORY_SHARE, ESCAPE_SLACK_US, HEAT_MIN_S, HEAT_S, LIMITED_MIN_BURSTS, MAX_RUNS, MIN_RUNS, TARGET_RSE,
-                     TARGET_RSE_LIMITED)
+from .policy import POLICY
 
 if TYPE_CHECKING:
     from .timer import Timer
@@ -32,7 +31,7 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None, hel
 
     Why the fillers: without them the calls filled 61% of the time for an 8192^3 bf16 matmul on an H200 (input
     generation and checks the rest), which kept it below the power limit: it read 1.39-1.43 ms against 1.56-1.61 ms
-    in ``triton.testing.do_bench`` and in a loop of itself (BENCHMARKS.md, session 5).
+    in ``triton.testing.do_bench`` and in a loop of itself (docs/timing.md).
     """
     if filler is not None:
         timer.reserve_small_blocks(filler[1] if held is None else held, count)
@@ -53,33 +52,33 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None, hel
 
 
 
-def precise_enough(times: list[float], started_s: float, budget_s: float, now_s: float, min_runs: int = MIN_RUNS,
+def precise_enough(times: list[float], started_s: float, budget_s: float, now_s: float, min_runs: int = POLICY.min_runs,
                    limited: bool = False, sizes: list[int] | None = None, next_burst_s: float | None = None,
                    first_heat_s: float = 0.0) -> bool:
     """The adaptive stopping rule shared by reference and candidate timing; ``limited``: the workload is
-    power-limited (TARGET_RSE_LIMITED); ``sizes``: the calls of each burst so far, in order (default: one burst);
+    power-limited (POLICY.target_rse_limited); ``sizes``: the calls of each burst so far, in order (default: one burst);
     ``next_burst_s``: what one more burst would take, its heat included; ``first_heat_s``: the heat before the
     first burst, which runs until the calls stop slowing (0.02-0.5 s).
 
     A power-limited workload's calls share their burst's clock state: its burst means scatter more than its calls
     say (a 4096^3 bf16 matmul on the H200: 1.3% per call within a burst, 1.5% between the means of 10-call bursts
-    0.26 s apart, session 16), so one burst's error is not the mean's, and evaluations that stopped after one burst
-    read 2.5-2.9% apart. Such a workload gets LIMITED_MIN_BURSTS bursts where they all fit in the budget (a cheap
+    0.26 s apart; docs/timing.md), so one burst's error is not the mean's, and evaluations that stopped after one burst
+    read 2.5-2.9% apart. Such a workload gets POLICY.limited_min_bursts bursts where they all fit in the budget (a cheap
     burst: three of that matmul's cost 0.8 s), the first heat left out of that sum so that it does not decide how
     many follow (the budget itself counts it: counted from the heat's end, TriMul's largest workloads, whose calls
-    vary 1.9% with their inputs, took a second 1.1 s burst, session 16). From two bursts on, its error is the larger
+    vary 1.9% with their inputs, took a second 1.1 s burst; docs/timing.md). From two bursts on, its error is the larger
     of the calls' standard error and the burst means' (two means can agree by chance). Where three do not fit
     (TriMul's bursts take 0.5-1.3 s each; their means agreed within 0.1-0.3%), one burst whose calls are precise
-    enough ends its timing, as before."""
+    enough ends its timing."""
     n = len(times)
-    if n >= MAX_RUNS:
+    if n >= POLICY.max_runs:
         return True
     if n < min_runs:
         return False
     sizes = sizes or [n]
     spent = now_s - started_s
-    if limited and len(sizes) < LIMITED_MIN_BURSTS and next_burst_s is not None and (
-            spent - first_heat_s + (LIMITED_MIN_BURSTS - len(sizes)) * next_burst_s <= budget_s):
+    if limited and len(sizes) < POLICY.limited_min_bursts and next_burst_s is not None and (
+            spent - first_heat_s + (POLICY.limited_min_bursts - len(sizes)) * next_burst_s <= budget_s):
         return False
     mean = sum(times) / n
     error = _standard_error(times)
@@ -87,7 +86,7 @@ def precise_enough(times: list[float], started_s: float, budget_s: float, now_s:
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         means = [sum(times[start:start + size]) / size for start, size in zip(starts, sizes)]
         error = max(error, _standard_error(means))
-    target = TARGET_RSE_LIMITED if limited else TARGET_RSE
+    target = POLICY.target_rse_limited if limited else POLICY.target_rse
     return error / mean < target or spent > budget_s
 
 
@@ -97,8 +96,8 @@ def _standard_error(values: list[float]) -> float:
 
 
 def later_heat_s(limited: bool) -> float:
-    """The heat before a workload's later bursts (see HEAT_S)."""
-    return HEAT_MIN_S if limited else HEAT_S
+    """The heat before a workload's later bursts (see POLICY.heat_s)."""
+    return POLICY.heat_min_s if limited else POLICY.heat_s
 
 
 
@@ -108,16 +107,16 @@ class SideStreamRule:
     probe (how long it takes to see an idle device), and tail minus probe is that work (timer.Timer.time).
 
     Decided per burst, on the mean of tail minus probe over its calls (each at least 0), the largest left out: a
-    burst whose figure exceeds max(ESCAPE_SLACK_US, 20% of its median call) left work running. The mean bounds the
+    burst whose figure exceeds max(escape_slack_us, 20% of its median call) left work running. The mean bounds the
     work a burst can hide however it is spread over its calls (a median let a candidate hide all of it in 4 calls of
     10); leaving the largest out keeps one honest call's long wake-up (a collection, a preempted host thread: 40-144
-    us, session 11) from deciding. The first MAX_DROPPED_BURSTS such bursts of a workload are dropped and timed again
+    us; docs/timing.md) from deciding. The first MAX_DROPPED_BURSTS such bursts of a workload are dropped and timed again
     on fresh inputs, as the host's wake-ups can read long for a whole burst (an honest 77 us matmul, the first
-    workload of a fresh process pair on the H200: 17 us median, its calls read 107 us, session 15); a dropped burst's
+    workload of a fresh process pair on the H200: 17 us median, its calls read 107 us; docs/timing.md); a dropped burst's
     times are not kept, so hiding work in one only lets a candidate have a burst timed again (a re-roll, worth at most
     the scatter between bursts: 1-3% on the H200). The next such burst charges every call of the workload its whole
     tail, the probe not taken off: the doubt is then on its side (a probe can read long: stream_switch's 32 us of
-    side-stream work was charged 21 us, session 7)."""
+    side-stream work was charged 21 us; docs/timing.md)."""
 
     MAX_DROPPED_BURSTS = 2
 
@@ -139,7 +138,7 @@ class SideStreamRule:
         if self.charged:
             return "keep"
         extra = self.extra_us = self.figure(escapes)
-        if extra <= max(ESCAPE_SLACK_US, 0.2 * statistics.median(times)):
+        if extra <= max(POLICY.escape_slack_us, 0.2 * statistics.median(times)):
             return "keep"
         if self.dropped < self.MAX_DROPPED_BURSTS:
             self.dropped += 1
@@ -182,31 +181,31 @@ class Bursts:
 
 def burst_size(done: int, call_bytes: int, call_s: float, limited: bool, min_runs: int, budget_s: float,
            memory_bytes: int) -> int:
-    """How many calls the next burst makes: MIN_RUNS first, then twice as many as so far (fewer heats), within
-    half the timing budget, the burst memory (inputs and output copies) and MAX_RUNS kept calls in all (``done``:
+    """How many calls the next burst makes: POLICY.min_runs first, then twice as many as so far (fewer heats), within
+    half the timing budget, the burst memory (inputs and output copies) and POLICY.max_runs kept calls in all (``done``:
     the calls kept so far; a burst the SideStreamRule dropped does not count; ``memory_bytes``: the burst memory,
     ``burst_memory_bytes``). Where the memory holds fewer than
-    MIN_RUNS calls, MIN_RUNS are split into equal bursts (5 + 5 for a memory of 9 calls, not 9 + 9: the second
-    burst would have made the calls up to MIN_RUNS and as many again).
+    POLICY.min_runs calls, POLICY.min_runs are split into equal bursts (5 + 5 for a memory of 9 calls, not 9 + 9: the second
+    burst would have made the calls up to POLICY.min_runs and as many again).
 
-    A power-limited workload's bursts all make MIN_RUNS calls, each after at least 0.2 s of heat
+    A power-limited workload's bursts all make POLICY.min_runs calls, each after at least 0.2 s of heat
     (Timer.heat): its calls speed up through a burst, the fillers keeping the GPU a little below the load that
     holds it at its cap, so a longer burst reads faster, and the mean depended on how many bursts the stopping
-    rule asked for (session 14, H200: a 4096^3 bf16 matmul read 185.8, 182.5 and 181.4 us in evaluations of 10,
+    rule asked for (H200: a 4096^3 bf16 matmul read 185.8, 182.5 and 181.4 us in evaluations of 10,
     30 and 90 calls; its bursts in one evaluation 186.4, 183.1 and 180.0 us for 10, 20 and 60 calls). The first
     burst still differs a little: it follows the workload's first heat, which runs until the calls stop slowing
     (an 8192^3 matmul's first read 2-4% faster than its later ones)."""
     fits = max(1, memory_bytes // max(1, call_bytes))
-    even = math.ceil(min_runs / math.ceil(min_runs / fits))  # MIN_RUNS in the fewest bursts that fit
+    even = math.ceil(min_runs / math.ceil(min_runs / fits))  # POLICY.min_runs in the fewest bursts that fit
     size = even if done < min_runs or limited else max(min_runs, min(2 * done, int(
         budget_s / 2 / max(call_s, 1e-6))))
-    return max(1, min(size, fits, MAX_RUNS - done))
+    return max(1, min(size, fits, POLICY.max_runs - done))
 
 
 
 def burst_memory_bytes(device: str) -> int:
-    """What a burst's inputs and output copies may hold: a BURST_MEMORY_SHARE of the GPU's memory, BURST_BYTES_CPU
+    """What a burst's inputs and output copies may hold: a POLICY.burst_memory_share of the GPU's memory, POLICY.burst_bytes_cpu
     on CPU."""
     if device == "cuda":
-        return load_torch().cuda.get_device_properties(0).total_memory // BURST_MEMORY_SHARE
-    return BURST_BYTES_CPU
+        return load_torch().cuda.get_device_properties(0).total_memory // POLICY.burst_memory_share
+    return POLICY.burst_bytes_cpu

@@ -3,7 +3,7 @@
     python tools/diagnostics/diagnose_heat_verdicts.py      # on the GPU host, from the repository root (~40 s)
 
 Session 10's H200 called a 64K-element multiply (358 W of 700) and the softmax example power-limited, and the 3072^3
-bf16 matmul in all three calibration evaluations (session 9's machine: not limited). This runs each workload's first
+bf16 matmul in all three calibration evaluations (one H200: not limited). This runs each workload's first
 heat REPEATS times, light and heavy interleaved as an evaluation meets them, and prints the verdict (``limited_by``:
 "power", "slowdown", "clock", "no power reading", "no NVML"; None: not limited) with each heat window's mean
 call time, whether NVML read the clock held, and the instantaneous power, and the most the calls slowed down (the
@@ -38,8 +38,8 @@ def main() -> None:
     timer = timer.Timer("cuda")
     gauge = timer.gauge
     print(f"{torch.cuda.get_device_name()}, top SM clock {gauge.top} MHz, enforced limit {gauge.limit_mw / 1e3:.0f} W,"
-          f" power field {gauge.has_power}; POWER_LIMITED {policy.POWER_LIMITED}, LOAD_SLOWDOWN {policy.LOAD_SLOWDOWN}, "
-          f"SLOWDOWN_POWER {policy.SLOWDOWN_POWER}")
+          f" power field {gauge.has_power}; POWER_LIMITED {policy.POLICY.power_limited}, LOAD_SLOWDOWN {policy.POLICY.load_slowdown}, "
+          f"SLOWDOWN_POWER {policy.POLICY.slowdown_power}")
     g = torch.Generator(device="cuda").manual_seed(1)
 
     def mm(n):

@@ -3,13 +3,13 @@
     python tools/diagnostics/diagnose_small_kernel_timing.py      # on the GPU host, from the repository root (~1 min)
 
 Session 6 found the cheat task's skinny workload (relu(x @ w), 16x4096 @ 4096x2048 fp32: 31 us back to back) read
-105-212 us in timed calls after its inputs were made on the CPU (~50 ms); session 7 found why: the host then takes
+105-212 us in timed calls after its inputs were made on the CPU (~50 ms); the cause: the host then takes
 130-230 us to launch the call, and the device idles between the start event and the call's kernels (BENCHMARKS.md).
 This prints:
 
 1. per kernel, the timed call's median / max device time, the host's median time to launch the call, and the SM
    clock before it, after an idle of 0-50 ms (the host asleep), with one of: nothing but the 256 MB flush (``zero_``,
-   as before session 7), the launch cover (``Timer.cover``: every SM held 0.5 ms, then the flush), or 1 ms of the
+   as without a cover), the launch cover (``Timer.cover``: every SM held 0.5 ms, then the flush), or 1 ms of the
    kernel's own calls first (``Timer.back_to_back``, which warms the host's launch path);
 2. whole evaluations of the cheat task's honest candidate through SubprocessEvaluator.
 
@@ -22,7 +22,7 @@ Session 11 saw the honest skinny workload read median 31.8-32.5 us in every eval
    1.2x the median) of the reference and the candidate from the judge's trace (KSEARCH_TIMING_TRACE);
 2. the candidate's side of a burst in this process (``timed_burst``, each call's seed asked over a pipe of another
    process as from the judge, its inputs made on the CPU as the task does), 60 calls per variant: as evaluated,
-   Python's garbage collector on in the timed calls (as before session 11), the inputs made ahead (no host work or
+   Python's garbage collector on in the timed calls (as without the rule), the inputs made ahead (no host work or
    pipe wait before the call), made on one CPU thread, 1 ms of host spin after them, a 1 or 2 ms launch cover. Per
    variant: median / mean / max, the escape check's tail - probe, and the slow calls with their tail, probe and
    host time: which of these the slow calls need says where they come from.
@@ -185,7 +185,7 @@ def burst_study(timer, calls: int = 60) -> None:
         return inputs
 
     # (label, inputs of call k, the cover's hold or None for the harness's own cover)
-    variants = [("as evaluated", asked, None), ("collector on (before session 11)", asked, None),
+    variants = [("as evaluated", asked, None), ("collector on (as without the rule)", asked, None),
                 ("inputs made ahead", lambda k: ahead[k], None),
                 (f"inputs on 1 CPU thread (not {threads})", one_thread, None), ("1 ms host spin after inputs",
                 host_spun, None), ("cover 1 ms", asked, 1e-3), ("cover 2 ms", asked, 2e-3)]

@@ -3,10 +3,8 @@
     python tools/diagnostics/diagnose_tail_probe.py [PROCESSES]      # on the GPU host, from the repository root (~20 s)
 
 The judge reads tail - probe as work left on another stream (harness/timing.py, SideStreamRule, says how, per burst).
-Before session 15 a workload's median over all its calls decided at once, and honest kernels were charged: session
-9's cheat suite saw the honest candidate's skinny workload (relu(x @ w), 16x4096 @ 4096x2048 fp32, ~32 us) charged in
-the first evaluation on a fresh machine (14 us median, 68 us read), session 15 an honest 77 us bf16 matmul (17 us
-median, 107 us read). Each process here does what the candidate's process does for
+Question: how far do an honest kernel's tail and probe read apart in fresh processes (what the rule's slack must
+absorb; figures in docs/timing.md)? Each process here does what the candidate's process does for
 that workload: a heat, then timed calls on fresh inputs (``timing.timed_burst``), and prints every call's device time,
 tail and probe.
 """
