@@ -65,7 +65,7 @@ def make_agents(config: SearchConfig) -> tuple[Planner, Coder]:
 
 
 def default_evaluator(config: SearchConfig, task: Task) -> Evaluator:
-    from .evaluation import SubprocessEvaluator, gpu_driver_present
+    from .harness.client import SubprocessEvaluator, gpu_driver_present
 
     budget = config.timing_budget_s or (1.0 if gpu_driver_present() else 0.25)
     evaluator = SubprocessEvaluator(timeout_s=config.eval_timeout_s, time_budget_s=budget)

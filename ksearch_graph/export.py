@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .evaluation import EvalResult, write_files
+from .evaluation import EvalResult
+from .harness.client import write_files
 from .run_dir import RunDir
 from .search import state_at
 from .task import Task

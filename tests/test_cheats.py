@@ -46,8 +46,11 @@ from typing import Callable
 import pytest
 
 import ksearch_graph
-from ksearch_graph.evaluation import EvalResult, Status, SubprocessEvaluator
+from ksearch_graph.evaluation import EvalResult, Status
+from ksearch_graph.harness.client import SubprocessEvaluator
 from ksearch_graph.task import Task, load_task
+
+pytestmark = pytest.mark.slow  # every cheat is caught by whole evaluations (two processes each)
 
 
 def _cuda_available() -> bool:
@@ -163,7 +166,7 @@ def kill_pids(pids: list[int]) -> None:
 _SECRETS_HELPER = """\
 import sys
 from pathlib import Path
-from ksearch_graph.evaluation import SubprocessEvaluator
+from ksearch_graph.harness.client import SubprocessEvaluator
 from ksearch_graph.task import load_task
 task_root, candidate, workdir, timeout_s, budget_s = sys.argv[1:6]
 ev = SubprocessEvaluator(timeout_s=float(timeout_s), time_budget_s=float(budget_s), workdir=workdir)

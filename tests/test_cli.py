@@ -205,7 +205,7 @@ def test_llm_search_through_the_real_openai_client(tmp_path, softmax_task):
 
 
 def _evaluation_children() -> int:
-    out = subprocess.run(["pgrep", "-f", "_evaluate_child"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", "harness/judge.py"], capture_output=True, text=True).stdout
     return len(out.split())
 
 

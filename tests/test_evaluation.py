@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_graph.evaluation import EvalResult, Status, SubprocessEvaluator
+from ksearch_graph.evaluation import EvalResult, Status
+from ksearch_graph.harness.client import SubprocessEvaluator
 from ksearch_graph.task import Task, load_task
 from ksearch_graph.template import default_params, render_template
 
@@ -121,7 +122,7 @@ def test_exception_gives_a_short_excerpt_of_the_candidates_code(results):
     assert r.status == Status.runtime_error
     assert "ValueError: BLOCK_N must divide cols" in r.log_excerpt
     assert 'File "kernel.py"' in r.log_excerpt
-    assert "_evaluate_child" not in r.log_excerpt and "Traceback" not in r.log_excerpt
+    assert "ksearch_graph" not in r.log_excerpt and "Traceback" not in r.log_excerpt
     assert len(r.log_excerpt) < 500
 
 

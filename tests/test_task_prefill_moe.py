@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ksearch_graph.evaluation import Status, SubprocessEvaluator
+from ksearch_graph.evaluation import Status
+from ksearch_graph.harness.client import SubprocessEvaluator
 from ksearch_graph.task import load_task
 from ksearch_graph.template import default_params
 from conftest import task_modules

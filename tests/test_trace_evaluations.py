@@ -1,4 +1,4 @@
-"""tools/trace_evaluations.py on CPU: a task's solution evaluated several times, every timed call kept for study."""
+"""tools/diagnostics/trace_evaluations.py on CPU: a task's solution evaluated several times, every timed call kept for study."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ SOFTMAX = ROOT / "examples" / "softmax"
 
 
 def run_tool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "tools" / "trace_evaluations.py"), *args], capture_output=True,
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "diagnostics" / "trace_evaluations.py"), *args], capture_output=True,
                           text=True, timeout=300)
 
 

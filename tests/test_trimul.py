@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ksearch_graph.evaluation import Status, SubprocessEvaluator
+from ksearch_graph.evaluation import Status
+from ksearch_graph.harness.client import SubprocessEvaluator
 from ksearch_graph.task import load_task
 
 TRIMUL = Path(__file__).resolve().parents[1] / "examples" / "trimul"

@@ -14,7 +14,7 @@
    without its checks and copies), and CUDA-graph replay of 20 calls (warm L2), each INDEPENDENT_ROUNDS times, a
    round over all workloads. Prints a table: harness mean, its spread over the evaluations, each independent
    figure (median of its rounds) with its own spread and the difference. The spreads matter for power-limited
-   kernels: do_bench read a 4096^3 bf16 matmul at 176.6 and 192.3 us in two calls of session 10, so one reading of
+   kernels: do_bench read a 4096^3 bf16 matmul at 176.6 and 192.3 us in two calls, so one reading of
    it cannot judge a 5% agreement.
 3. TriMul (examples/trimul/, all 25 workloads: 18 correctness-only + 7 timed) with the seed submission, three times
    with one evaluator, as a search would: each finds its processes prestarted (imports done: the first pair starts
@@ -37,8 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-HARNESS_TESTS = ["tests/test_evaluation.py", "tests/test_harness.py", "tests/test_cheats.py", "tests/test_trimul.py",
-                 "tests/test_compare.py"]
+HARNESS_TESTS = ["tests/test_evaluation.py", "tests/test_judge.py", "tests/test_timing.py", "tests/test_gpu.py",
+                 "tests/test_guards.py", "tests/test_tensors.py", "tests/test_protocol.py", "tests/test_cheats.py",
+                 "tests/test_trimul.py", "tests/test_compare.py"]
 
 
 def run_tests(files: list[str]) -> dict:
@@ -113,6 +114,8 @@ INDEPENDENT_ROUNDS = 3
 
 def calibrate(rows: list, evaluations: int = 3, budget_s: float = 1.0) -> None:
     from ksearch_graph.task import load_task
+
+    sys.path.insert(0, str(ROOT / "tools" / "diagnostics"))
     from trace_evaluations import traced_evaluations
 
     task = load_task(ROOT / "tools" / "calibration")
@@ -169,7 +172,7 @@ def calibrate(rows: list, evaluations: int = 3, budget_s: float = 1.0) -> None:
 
 
 def trimul(report: dict) -> None:
-    from ksearch_graph.evaluation import SubprocessEvaluator
+    from ksearch_graph.harness.client import SubprocessEvaluator
     from ksearch_graph.task import load_task
 
     task = load_task(ROOT / "examples" / "trimul")

@@ -1,7 +1,7 @@
 """The launch cover: one kernel, run just before every timed call, that writes the 256 MB flush buffer (flushing the
 L2) and then holds every SM of the GPU until a set time after it started.
 
-Why (measured on an H200, BENCHMARKS.md session 7): after the host has waited (on the judge's pipe, or slept) or made
+Why (measured on an H200, docs/timing.md): after the host has waited (on the judge's pipe, or slept) or made
 inputs on the CPU, launching the candidate's call takes it 130-230 us instead of ~40. The device idles between the
 timed call's start event and its kernels meanwhile, and that idle counted: a 32 us matmul read 96-190 us. Back-to-back
 use hides launches behind the previous call; this kernel does the same for a timed call. The host enqueues it, the
@@ -15,7 +15,7 @@ on the GPU until the last few microseconds (blocks start, and so end, within a f
 stream's priority. The flush comes first and nothing touches memory during the hold, so the L2 stays flushed.
 What it cannot hold: copy engines, and other processes' contexts (time-sliced).
 
-Standalone like ``_candidate_runner.py`` (stdlib, torch, triton: never ksearch_graph); imported only on CUDA.
+Imports the standard library, torch and triton only, like the rest of the harness; imported only on CUDA.
 """
 
 from __future__ import annotations

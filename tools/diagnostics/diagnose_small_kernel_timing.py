@@ -1,19 +1,19 @@
 """Why small kernels read slow after the host waited, and what covers it.
 
-    python tools/diagnose_small_kernel_timing.py      # on the GPU host, from the repository root (~1 min)
+    python tools/diagnostics/diagnose_small_kernel_timing.py      # on the GPU host, from the repository root (~1 min)
 
 Session 6 found the cheat task's skinny workload (relu(x @ w), 16x4096 @ 4096x2048 fp32: 31 us back to back) read
-105-212 us in timed calls after its inputs were made on the CPU (~50 ms); session 7 found why: the host then takes
+105-212 us in timed calls after its inputs were made on the CPU (~50 ms); the cause: the host then takes
 130-230 us to launch the call, and the device idles between the start event and the call's kernels (BENCHMARKS.md).
 This prints:
 
 1. per kernel, the timed call's median / max device time, the host's median time to launch the call, and the SM
    clock before it, after an idle of 0-50 ms (the host asleep), with one of: nothing but the 256 MB flush (``zero_``,
-   as before session 7), the launch cover (``Timer.cover``: every SM held 0.5 ms, then the flush), or 1 ms of the
+   as without a cover), the launch cover (``Timer.cover``: every SM held 0.5 ms, then the flush), or 1 ms of the
    kernel's own calls first (``Timer.back_to_back``, which warms the host's launch path);
 2. whole evaluations of the cheat task's honest candidate through SubprocessEvaluator.
 
-    python tools/diagnose_small_kernel_timing.py --means   # (~2 min)
+    python tools/diagnostics/diagnose_small_kernel_timing.py --means   # (~2 min)
 
 Session 11 saw the honest skinny workload read median 31.8-32.5 us in every evaluation of the cheat suite but mean
 31.9-46.0 us (one or two slow calls among 10; scores use means). This prints:
@@ -22,12 +22,12 @@ Session 11 saw the honest skinny workload read median 31.8-32.5 us in every eval
    1.2x the median) of the reference and the candidate from the judge's trace (KSEARCH_TIMING_TRACE);
 2. the candidate's side of a burst in this process (``timed_burst``, each call's seed asked over a pipe of another
    process as from the judge, its inputs made on the CPU as the task does), 60 calls per variant: as evaluated,
-   Python's garbage collector on in the timed calls (as before session 11), the inputs made ahead (no host work or
+   Python's garbage collector on in the timed calls (as without the rule), the inputs made ahead (no host work or
    pipe wait before the call), made on one CPU thread, 1 ms of host spin after them, a 1 or 2 ms launch cover. Per
    variant: median / mean / max, the escape check's tail - probe, and the slow calls with their tail, probe and
    host time: which of these the slow calls need says where they come from.
 
-Power-limited kernels (fillers, the heat's verdict, against do_bench) are tools/diagnose_power_limit.py's.
+Power-limited kernels (the heat's verdict): diagnose_heat_verdicts.py.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -106,8 +106,8 @@ def idle_study(timer, torch) -> None:
 
 
 def evaluations(budgets=(0.5,), count: int = 2) -> None:
-    from ksearch_graph._evaluate_child import TRACE_ENV
-    from ksearch_graph.evaluation import SubprocessEvaluator
+    from ksearch_graph.harness.session import TRACE_ENV
+    from ksearch_graph.harness.client import SubprocessEvaluator
     from ksearch_graph.task import load_task
 
     folder = Path(tempfile.mkdtemp()) / "task"
@@ -148,21 +148,22 @@ def print_slow_calls(bursts: list[dict]) -> None:
         print(f"    {who} {workload}: {len(done)} calls, median {median:.1f} us, slow: {'; '.join(slow) or '-'}")
 
 
-def burst_study(timer, rl, calls: int = 60) -> None:
+def burst_study(timer, calls: int = 60) -> None:
     """The candidate's side of a burst of the skinny workload, in this process (see the module's docstring)."""
     import gc
     import subprocess
 
-    make_inputs = rl.load_module("cheat_task_reference", str(ROOT / "tests" / "cheats" / "task" / "reference.py")
+    make_inputs = tasks.load_module("cheat_task_reference", str(ROOT / "tests" / "cheats" / "task" / "reference.py")
                                  ).make_inputs
     params = {"m": 16, "k": 4096, "n": 2048}
-    fn = lambda x, w: rl.torch.relu(x @ w)  # noqa: E731  (tests/cheats/honest.py)
+    fn = lambda x, w: _torch.load_torch().relu(x @ w)  # noqa: E731  (tests/cheats/honest.py)
     # The judge's side of the seed round trip: another process that answers each line, as the judge does.
     echo = subprocess.Popen([sys.executable, "-u", "-c", "import sys\nfor line in sys.stdin: print(line, end='')"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
     plain_cover = timer.cover
     ahead = [make_inputs(params, 1000 + k, "cuda") for k in range(calls)]
-    torch, threads = rl.torch, rl.torch.get_num_threads()
+    torch = _torch.load_torch()
+    threads = torch.get_num_threads()
 
     def asked(k: int) -> tuple:
         echo.stdin.write(f"{k}\n")
@@ -184,7 +185,7 @@ def burst_study(timer, rl, calls: int = 60) -> None:
         return inputs
 
     # (label, inputs of call k, the cover's hold or None for the harness's own cover)
-    variants = [("as evaluated", asked, None), ("collector on (before session 11)", asked, None),
+    variants = [("as evaluated", asked, None), ("collector on (as without the rule)", asked, None),
                 ("inputs made ahead", lambda k: ahead[k], None),
                 (f"inputs on 1 CPU thread (not {threads})", one_thread, None), ("1 ms host spin after inputs",
                 host_spun, None), ("cover 1 ms", asked, 1e-3), ("cover 2 ms", asked, 2e-3)]
@@ -198,7 +199,7 @@ def burst_study(timer, rl, calls: int = 60) -> None:
         if label.startswith("collector on"):
             timer.gc_disable = lambda: None
         try:
-            done = rl.timed_burst(timer, calls, lambda k: (fn, make(k)))
+            done = timing.timed_burst(timer, calls, lambda k: (fn, make(k)))
         finally:
             timer.gc_disable = gc.disable
         us = [d[1] for d in done]
@@ -215,21 +216,21 @@ def burst_study(timer, rl, calls: int = 60) -> None:
 
 
 def _cover(timer, hold_s: float):
-    from ksearch_graph import _launch_cover
+    from ksearch_graph.harness import launch_cover
 
-    return _launch_cover.LaunchCover(timer.flush, hold_s)
+    return launch_cover.LaunchCover(timer.flush, hold_s)
 
 
 if __name__ == "__main__":
-    from ksearch_graph import _candidate_runner as rl
+    from ksearch_graph.harness import _torch, gpu, guards, policy, tasks, tensors, timer, timing
 
-    rl.load_torch()
-    timer = rl.Timer("cuda")
+    _torch.load_torch()
+    timer = timer.Timer("cuda")
     print(f"launch cover: {timer.cover_kind}")
     timer.launch_cover = timer.cover
     if "--means" in sys.argv[1:]:
         evaluations(budgets=(0.5, 1.0), count=3)
-        burst_study(timer, rl)
+        burst_study(timer)
     else:
-        idle_study(timer, rl.torch)
+        idle_study(timer, _torch.load_torch())
         evaluations()

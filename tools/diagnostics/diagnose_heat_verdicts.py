@@ -1,9 +1,9 @@
 """Which rule made the heat call a workload power-limited, window by window.
 
-    python tools/diagnose_heat_verdicts.py      # on the GPU host, from the repository root (~40 s)
+    python tools/diagnostics/diagnose_heat_verdicts.py      # on the GPU host, from the repository root (~40 s)
 
 Session 10's H200 called a 64K-element multiply (358 W of 700) and the softmax example power-limited, and the 3072^3
-bf16 matmul in all three calibration evaluations (session 9's machine: not limited). This runs each workload's first
+bf16 matmul in all three calibration evaluations (one H200: not limited). This runs each workload's first
 heat REPEATS times, light and heavy interleaved as an evaluation meets them, and prints the verdict (``limited_by``:
 "power", "slowdown", "clock", "no power reading", "no NVML"; None: not limited) with each heat window's mean
 call time, whether NVML read the clock held, and the instantaneous power, and the most the calls slowed down (the
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 REPEATS = 4
@@ -30,16 +30,16 @@ def slowdown(trace) -> float:
 
 
 def main() -> None:
-    from ksearch_graph import _candidate_runner as rl
+    from ksearch_graph.harness import _torch, gpu, guards, policy, tasks, tensors, timer, timing
 
-    rl.load_torch()
+    _torch.load_torch()
     import torch
 
-    timer = rl.Timer("cuda")
+    timer = timer.Timer("cuda")
     gauge = timer.gauge
     print(f"{torch.cuda.get_device_name()}, top SM clock {gauge.top} MHz, enforced limit {gauge.limit_mw / 1e3:.0f} W,"
-          f" power field {gauge.has_power}; POWER_LIMITED {rl.POWER_LIMITED}, LOAD_SLOWDOWN {rl.LOAD_SLOWDOWN}, "
-          f"SLOWDOWN_POWER {rl.SLOWDOWN_POWER}")
+          f" power field {gauge.has_power}; POWER_LIMITED {policy.POLICY.power_limited}, LOAD_SLOWDOWN {policy.POLICY.load_slowdown}, "
+          f"SLOWDOWN_POWER {policy.POLICY.slowdown_power}")
     g = torch.Generator(device="cuda").manual_seed(1)
 
     def mm(n):

@@ -1,13 +1,11 @@
 """The side-stream rule's two figures per timed call, tail and probe, for an honest small kernel in fresh processes.
 
-    python tools/diagnose_tail_probe.py [PROCESSES]      # on the GPU host, from the repository root (~20 s)
+    python tools/diagnostics/diagnose_tail_probe.py [PROCESSES]      # on the GPU host, from the repository root (~20 s)
 
-The judge reads tail - probe as work left on another stream (_evaluate_child.SideStreamRule says how, per burst).
-Before session 15 a workload's median over all its calls decided at once, and honest kernels were charged: session
-9's cheat suite saw the honest candidate's skinny workload (relu(x @ w), 16x4096 @ 4096x2048 fp32, ~32 us) charged in
-the first evaluation on a fresh machine (14 us median, 68 us read), session 15 an honest 77 us bf16 matmul (17 us
-median, 107 us read). Each process here does what the candidate's process does for
-that workload: a heat, then timed calls on fresh inputs (``rl.timed_burst``), and prints every call's device time,
+The judge reads tail - probe as work left on another stream (harness/timing.py, SideStreamRule, says how, per burst).
+Question: how far do an honest kernel's tail and probe read apart in fresh processes (what the rule's slack must
+absorb; figures in docs/timing.md)? Each process here does what the candidate's process does for
+that workload: a heat, then timed calls on fresh inputs (``timing.timed_burst``), and prints every call's device time,
 tail and probe.
 """
 
@@ -18,15 +16,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
 def one_process() -> None:
-    from ksearch_graph import _candidate_runner as rl
+    from ksearch_graph.harness import _torch, gpu, guards, policy, tasks, tensors, timer, timing
 
-    torch = rl.load_torch()
-    timer = rl.Timer("cuda")
+    torch = _torch.load_torch()
+    timer = timer.Timer("cuda")
     g = torch.Generator(device="cuda").manual_seed(3)
 
     def call(k=0):
@@ -37,7 +35,7 @@ def one_process() -> None:
     fn, args = call()
     fn(*args)
     timer.heat(fn, args, first=True)
-    done = rl.timed_burst(timer, 20, call, filler=(fn, args))
+    done = timing.timed_burst(timer, 20, call, filler=(fn, args))
     extra = [tail - probe for _, _, tail, probe, _ in done]
     call_us = statistics.median(d[1] for d in done)
     print(f"  host spin-waits {timer.runtime.spin_wait}; limited {timer.limited}; median call {call_us:.1f} us, "

@@ -1,6 +1,6 @@
 """Evaluate one solution of a task several times with every timed call traced, for offline study of the timing.
 
-    python tools/trace_evaluations.py [TASK_DIR] [--solution FILE] [--name NAME] [--evaluations N] [--budget-s S]
+    python tools/diagnostics/trace_evaluations.py [TASK_DIR] [--solution FILE] [--name NAME] [--evaluations N] [--budget-s S]
                                       --out DIR
 
 Writes DIR/trace.jsonl (the judge's timing trace: one line per burst of timed calls, the candidate's and the
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -30,8 +30,8 @@ def traced_evaluations(task, files: dict, evaluations: int, budget_s: float, lab
     traced by the judge: yields (result, [the trace's lines of that evaluation, as dicts]). The evaluator is closed
     and the trace turned off once the last is yielded (its prestarted processes would share the GPU with whatever
     runs next)."""
-    from ksearch_graph._evaluate_child import TRACE_ENV
-    from ksearch_graph.evaluation import SubprocessEvaluator
+    from ksearch_graph.harness.session import TRACE_ENV
+    from ksearch_graph.harness.client import SubprocessEvaluator
 
     trace = Path(tempfile.mkdtemp()) / "trace.jsonl"
     trace.touch()

@@ -1,0 +1,414 @@
+"""The parent's side of the harness: ``SubprocessEvaluator`` runs the judge process (``judge.py``, also reachable as
+``tools/evaluate_candidate.py``) in a fresh child process per candidate, in its own process group, killed as a group
+on timeout, and turns whatever happens there into an ``EvalResult`` (``ksearch_graph.evaluation``)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import math
+import os
+import resource
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from ..evaluation import EvalResult, Status
+from ..task import Task
+
+
+_CHILD = Path(__file__).with_name("judge.py")
+_RESULT_KEY = "KSEARCH_RESULT_KEY"
+_PROGRESS = "[ksearch-eval] "  # the child's progress lines on stderr
+_WAITING = "started; waiting for the job"  # the prestarted child's last progress line before it has its job
+_RECEIVED = _PROGRESS + "job received"  # ... and its first after
+_AHEAD = _PROGRESS + "timing the reference while waiting for the job"  # before _WAITING, with start_ahead(task)
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+_LOG_LIMIT = 2000
+
+
+def _clip(text: str, limit: int = _LOG_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def write_files(folder: Path, files: dict[str, str]) -> None:
+    """Write the candidate's files; a name that would land outside ``folder`` is the candidate's error."""
+    for name, text in files.items():
+        rel = PurePosixPath(name)
+        if not rel.parts or rel.is_absolute() or ".." in rel.parts or "\\" in name:
+            raise ValueError(f"file name {name!r} is not a relative path inside the candidate folder")
+        path = folder.joinpath(*rel.parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _wait_unreaped(pid: int, timeout_s: float) -> bool:
+    """Wait for the child to exit without reaping it: while it is an unreaped zombie its process-group id cannot be
+    reused, so killing the group afterwards cannot hit an unrelated process. True if it exited in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def gpu_driver_present() -> bool:
+    # NVIDIA and AMD runtimes reserve tens of GB of virtual address space at initialisation.
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
+
+
+class SubprocessEvaluator:
+    """Evaluates each candidate in a fresh child process and turns whatever happens there into an EvalResult.
+
+    The child runs in a private temp dir, in its own session and process group, with a scrubbed environment, its
+    own Triton/torch caches and a hidden seed for the input sets. A hang is killed with its whole group at
+    ``timeout_s`` (wall clock, import and compile included); a crash becomes a runtime_error with the signal and the
+    end of stderr. ``evaluate`` does not raise for anything the candidate does.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 120,
+        python: str = sys.executable,
+        workdir: str | None = None,
+        workloads: Literal["feedback", "all"] = "feedback",
+        time_budget_s: float = 1.0,
+        memory_limit_gb: float = 16.0,
+        compile_timeout_s: float | None = None,
+        call_timeout_s: float | None = None,
+        cache_dir: str | None = None,
+        isolate_network: bool = True,
+        reuse_reference_timings_s: float = 1800.0,
+        prestart: bool | None = None,
+    ):
+        if workloads not in ("feedback", "all"):
+            raise ValueError(f"workloads must be 'feedback' or 'all', not {workloads!r}")
+        self.timeout_s = timeout_s
+        self.python = python
+        self.workdir = workdir
+        if workdir:
+            os.makedirs(workdir, exist_ok=True)
+        self.workloads = workloads
+        self.time_budget_s = time_budget_s  # timing budget per workload, for candidate and reference each
+        # Host memory: an address-space limit on the whole evaluation where no GPU driver is present (the driver maps
+        # far more than it uses), and everywhere the judge's watch on the candidate process's resident memory.
+        self.memory_limit_gb = memory_limit_gb
+        # Separate limits for the candidate's compile (import, extension build, first call) and for any other call;
+        # timeout_s stays the wall-clock limit of the whole evaluation.
+        self.compile_timeout_s = compile_timeout_s or timeout_s
+        self.call_timeout_s = call_timeout_s or min(60.0, timeout_s)
+        # Compiled kernels (Triton, CuPy/NVRTC, torch extensions) are cached by source hash across evaluations.
+        self.cache_dir = cache_dir or os.environ.get("KSEARCH_CACHE_DIR") or str(
+            Path.home() / ".cache" / "ksearch_graph")
+        self.isolate_network = isolate_network
+        # The reference (and baseline) is timed once per session and GPU, then reused for this long: every candidate
+        # of a search is compared with the same reference figure, and an evaluation saves its timing (1.6 s for
+        # TriMul). 0 times it in every evaluation. Kept here, in the trusted parent, never in a file a candidate
+        # could write; the child reuses an entry only for the same task code, workload, GPU and torch.
+        self.reuse_reference_timings_s = reuse_reference_timings_s
+        self._timings: dict[tuple, dict] = {}  # (task root, visible GPUs) -> {"key", "workloads": {name: entry}}
+        self._lock = threading.Lock()  # timings and standby: the graph may evaluate from several threads
+        # Start the next evaluation's two processes as soon as one ends (and on start_ahead()), so their imports
+        # (torch, CUDA: 3-5 s on an H200 host) happen while the search waits for its LLM, not while it waits for a
+        # result. Each evaluation still gets fresh processes. Default: on GPU hosts (on a small CPU machine they
+        # would compete for cores).
+        self.prestart = gpu_driver_present() if prestart is None else prestart
+        self._standby: list[_Started] = []  # at most one, handed to the next evaluate()
+        self._ahead_task: Task | None = None  # start_ahead()'s: its reference is timed while a standby waits
+        self._generation = 0  # close() moves it on: an evaluate() begun before then starts no new standby
+        self._finalizer = weakref.finalize(self, _discard_all, self._standby)
+
+    def start_ahead(self, task: Task | None = None) -> None:
+        """With ``prestart``: start the next evaluation's processes now. A search calls this as it starts, so its
+        first evaluation finds their imports done (the LLM's first turns cover them). Not done on construction:
+        every evaluator a program makes would then keep an idle pair on the GPU.
+
+        With the ``task`` the search will evaluate, a standby started while this evaluator holds no reusable
+        reference timings for it times the task's reference while it waits (the first evaluation, and the first
+        after they expire), as the evaluation would have, still before any candidate code exists."""
+        if task is not None:
+            self._ahead_task = task
+        if self.prestart:
+            self._refill(self._generation)
+
+    def evaluate(self, task: Task, files: dict[str, str], *, attempt_id: str) -> EvalResult:
+        start = time.monotonic()
+        with self._lock:
+            started = self._standby.pop() if self._standby else None
+            generation = self._generation
+        if started is not None and started.proc.poll() is not None:  # it gave up waiting, or died
+            started.discard()
+            started = None
+        try:
+            for attempt in range(2):
+                fresh = started is None
+                try:
+                    started = started or self._start()
+                except OSError as e:
+                    return EvalResult(status=Status.unavailable, log_excerpt=f"cannot start {self.python}: {e}")
+                result = self._run(task, files, started)
+                started.discard()
+                if fresh or not started.died_waiting:
+                    break
+                started = None  # a prestarted pair died before it took the job (no candidate code ran): once more
+        finally:
+            if started is not None:
+                started.discard()
+            if self.prestart:
+                self._refill(generation)
+        result.wall_s = time.monotonic() - start  # what the search pays, process start-up included
+        result.log_excerpt = _clip(result.log_excerpt)
+        return result
+
+    def close(self) -> None:
+        """Stop the prestarted processes, if any (also done when the evaluator is garbage-collected, or at exit)."""
+        with self._lock:
+            self._generation += 1
+            _discard_all(self._standby)
+
+    def wait_until_prestarted(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the next evaluation's processes have finished their imports (True), as they will have in a
+        search by the time the LLM has written the next candidate. False when there are none, or on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                started = self._standby[0] if self._standby else None
+            if started is None or started.proc.poll() is not None:
+                return False
+            with contextlib.suppress(OSError):
+                if _WAITING in (started.root / "stderr.txt").read_text(errors="replace"):
+                    return True
+            time.sleep(0.1)
+        return False
+
+    def _refill(self, generation: int) -> None:
+        with self._lock:
+            if self._standby or generation != self._generation:
+                return
+        try:
+            fresh = self._start()
+        except OSError:
+            return
+        with self._lock:
+            if self._standby or generation != self._generation:  # another thread was quicker, or close() came
+                fresh.discard()
+            else:
+                self._standby.append(fresh)
+
+    def _start(self) -> _Started:
+        """Start an evaluation's processes: they import torch, then wait for the job on stdin."""
+        root = Path(tempfile.mkdtemp(prefix="ksearch-eval-", dir=self.workdir))
+        candidate = root / "candidate"
+        candidate.mkdir()
+        cmd = [self.python, str(_CHILD), "--job-from-stdin", "--candidate", str(candidate),
+               "--out", str(root / "result.json"), "--seeds-from-env", "--time-budget-s", str(self.time_budget_s),
+               "--compile-timeout-s", str(self.compile_timeout_s), "--call-timeout-s", str(self.call_timeout_s),
+               "--cache-dir", self.cache_dir, "--lock-dir", str(Path(tempfile.gettempdir())),
+               "--memory-limit-gb", str(self.memory_limit_gb)]
+        ahead = self._ahead_task if self.prestart else None  # else the job is sent at once: no wait to use
+        if ahead is not None and not self._reusable_timings(self._timings_slot(ahead)):
+            cmd += ["--task", ahead.root, "--workloads", self._job_workloads(ahead), "--time-reference-ahead"]
+        if not self.isolate_network:
+            cmd.append("--no-network-isolation")
+        key = secrets.token_hex(32)
+        try:
+            with open(root / "stdout.txt", "wb") as stdout, open(root / "stderr.txt", "wb") as stderr:
+                proc = subprocess.Popen(cmd, cwd=candidate, env=self._child_env(root) | {_RESULT_KEY: key},
+                                        stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, start_new_session=True)
+        except OSError:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        self._limit(proc.pid)
+        return _Started(root, proc, key)
+
+    def _run(self, task: Task, files: dict[str, str], started: _Started) -> EvalResult:
+        root, proc, key = started.root, started.proc, started.key
+        candidate, out = root / "candidate", root / "result.json"
+        try:
+            write_files(candidate, files)
+        except ValueError as e:
+            return EvalResult(status=Status.compile_error, log_excerpt=str(e))
+        timings_slot = self._timings_slot(task)
+        job = {"task": task.root, "workloads": self._job_workloads(task),
+               "timings": self._reusable_timings(timings_slot)}
+        data, refused = json.dumps(job).encode(), []
+
+        def send() -> None:  # from a thread: a child that does not read must not stall us past the timeout
+            try:
+                proc.stdin.write(data)
+                proc.stdin.close()
+            except OSError:  # the child was gone before it could take its job
+                refused.append(True)
+
+        writer = threading.Thread(target=send, daemon=True)
+        writer.start()
+        sent = time.monotonic()
+        try:
+            finished = _wait_unreaped(proc.pid, self.timeout_s)
+        finally:
+            _kill_group(proc.pid)  # on timeout, and also any helper a finished candidate left running
+            proc.wait()
+        writer.join(timeout=5)
+        stderr_text = (root / "stderr.txt").read_text(errors="replace").replace(f"{candidate}{os.sep}", "")
+        # Gone before it took the job (its pipe refused it, or it never said it had it): no candidate code ran, so
+        # the evaluation may be tried again with fresh processes.
+        started.died_waiting = not out.is_file() and (bool(refused) or (
+            _RECEIVED not in stderr_text and (_last_step(stderr_text) == _WAITING or _AHEAD in stderr_text)))
+        if not finished:
+            return EvalResult(
+                status=Status.timeout,
+                log_excerpt=f"timed out after {self.timeout_s:g} s (wall clock); it was at: {_last_step(stderr_text)}",
+            )
+        if out.is_file():
+            signature, _, text = out.read_text().partition("\n")
+            if not hmac.compare_digest(signature, hmac.new(key.encode(), text.encode(), hashlib.sha256).hexdigest()):
+                return EvalResult(status=Status.suspicious, log_excerpt="the result file was not the one the "
+                                  "evaluation wrote (forged or overwritten by the candidate)")
+            try:
+                result = EvalResult.model_validate_json(text)
+                # Python start-up and imports the child's own clock did not see (none when it was prestarted).
+                result.phases["startup"] = round(max(0.0, time.monotonic() - sent - result.wall_s), 4)
+                self._keep_timings(timings_slot, result.reference_timings)
+                return result
+            except ValueError as e:
+                return EvalResult(status=Status.runtime_error, log_excerpt=f"unreadable result file: {e}")
+        if proc.returncode < 0:
+            sig = signal.Signals(-proc.returncode)
+            how = f"killed by {sig.name} ({signal.strsignal(sig)})"
+        else:
+            how = f"exited with code {proc.returncode} without writing a result"
+        return EvalResult(
+            status=Status.runtime_error,
+            log_excerpt=f"the evaluation process was {how}; it was at: {_last_step(stderr_text)}\n"
+            + _stderr_tail(stderr_text),
+        )
+
+    def _job_workloads(self, task: Task) -> str:
+        return ",".join(w.name for w in task.feedback_workloads()) if self.workloads == "feedback" else ""
+
+    @staticmethod
+    def _timings_slot(task: Task) -> tuple:
+        return task.root, os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    def _reusable_timings(self, slot: tuple) -> dict:
+        with self._lock:
+            kept = self._timings.get(slot)
+            if not kept or self.reuse_reference_timings_s <= 0:
+                return {}
+            now = time.monotonic()
+            fresh = {name: entry for name, (at, entry) in kept["workloads"].items()
+                     if now - at < self.reuse_reference_timings_s}
+            return {"key": kept["key"], "workloads": fresh} if fresh else {}
+
+    def _keep_timings(self, slot: tuple, measured: dict) -> None:
+        if not measured or self.reuse_reference_timings_s <= 0:
+            return
+        with self._lock:
+            kept = self._timings.get(slot)
+            if kept is None or kept["key"] != measured["key"]:  # the task's code or the GPU changed: start over
+                kept = self._timings[slot] = {"key": measured["key"], "workloads": {}}
+            now, wall = time.monotonic(), time.time()
+            # Kept from when it was measured (a prestarted process may have waited long for its job), not from now.
+            kept["workloads"].update({name: (now - _age_s(entry, wall), entry)
+                                      for name, entry in measured["workloads"].items()})
+
+    def _child_env(self, root: Path) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in _SECRET_WORDS)}
+        for var, sub in (("TMPDIR", "tmp"), ("TORCHINDUCTOR_CACHE_DIR", "inductor-cache")):
+            (root / sub).mkdir()
+            env[var] = str(root / sub)
+        # Compile caches are shared and keyed by source hash (Triton and CuPy hash the source themselves).
+        for var, sub in (("TRITON_CACHE_DIR", "triton"), ("CUPY_CACHE_DIR", "cupy"),
+                         ("TORCH_EXTENSIONS_DIR", "torch-extensions")):
+            env[var] = os.path.join(self.cache_dir, sub)
+            os.makedirs(env[var], exist_ok=True)
+        env["KSEARCH_EVAL_SEED"] = str(secrets.randbits(62))  # fresh input sets for every evaluation
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["KSEARCH_PARENT_PID"] = str(os.getpid())  # the child dies with us (a killed search leaves no orphan)
+        if env.get("KSEARCH_TIMING_TRACE"):  # the judge runs in the candidate's folder: a relative path would land there
+            env["KSEARCH_TIMING_TRACE"] = os.path.abspath(env["KSEARCH_TIMING_TRACE"])
+        return env
+
+    def _limit(self, pid: int) -> None:
+        """Resource limits, set on the running child with prlimit rather than in a preexec_fn, which is unsafe when
+        the caller has threads (LangGraph runs parallel nodes in worker threads). The child spends its first seconds
+        importing torch, long before any candidate code runs, and everything it spawns inherits the limits."""
+        if not hasattr(resource, "prlimit"):  # not Linux: the wall-clock timeout still applies
+            return
+        try:
+            # CPU seconds summed over threads, so scaled by the core count: a backstop for processes that leave the
+            # process group (the wall-clock kill cannot reach them), not the main time limit.
+            cpu_s = int(self.timeout_s * (os.cpu_count() or 1)) + 60
+            resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s))
+            resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))  # a segfault should not write gigabytes of core
+            # An address-space limit breaks CUDA (the driver maps far more virtual memory than it uses), so it only
+            # applies where no GPU driver is present; on a GPU host the GPU's own memory is the bound anyway.
+            if not gpu_driver_present():
+                limit = int(self.memory_limit_gb * 2**30)
+                resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
+        except (ProcessLookupError, PermissionError):
+            pass  # the child already exited, or the platform refuses: the result says what happened
+
+
+class _Started:
+    """An evaluation's judge process (with the candidate's process it started), waiting for its job on stdin."""
+
+    def __init__(self, root: Path, proc: subprocess.Popen, key: str):
+        self.root, self.proc, self.key = root, proc, key
+        self.died_waiting = False  # gone before it could take its job
+
+    def discard(self) -> None:
+        if self.proc.poll() is None:  # not reaped yet, so its process-group id is still its own
+            _kill_group(self.proc.pid)
+            self.proc.wait()
+        if self.proc.stdin and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _discard_all(standby: list) -> None:
+    while standby:
+        standby.pop().discard()
+
+
+def _age_s(entry: Any, wall: float) -> float:
+    """Seconds since the evaluation child measured this reference timing (its ``at``, wall clock); 0 if unknown."""
+    at = entry.get("at") if isinstance(entry, dict) else None
+    return max(0.0, wall - at) if isinstance(at, (int, float)) and math.isfinite(at) else 0.0
+
+
+def _last_step(stderr_text: str) -> str:
+    steps = [line[len(_PROGRESS):] for line in stderr_text.splitlines() if line.startswith(_PROGRESS)]
+    return steps[-1] if steps else "start-up (importing torch)"
+
+
+def _stderr_tail(stderr_text: str, limit: int = 1500) -> str:
+    # Drop what does not help the LLM: progress lines, faulthandler's list of loaded extension modules, and stack
+    # frames of the harness itself.
+    lines = [line for line in stderr_text.splitlines()
+             if not line.startswith((_PROGRESS, "Extension modules:")) and str(_CHILD.parent) not in line]
+    return "\n".join(lines)[-limit:]

@@ -1,0 +1,51 @@
+"""Every timing constant of the harness, in one frozen ``TimingPolicy``; ``POLICY`` is the one both processes use.
+
+A frozen dataclass, not a pydantic model: the judge and the candidate's process import only the standard library,
+torch and this package (pydantic is not among them), and nothing here is read from user input. The figures behind
+each default are in docs/timing.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    # How many timed calls: at least min_runs (min_runs_gpu on a GPU), at most max_runs, per workload.
+    min_runs: int = 3  # timed calls per workload at least, on CPU
+    min_runs_gpu: int = 10  # on a GPU: three steady calls can all come from one clock state
+    max_runs: int = 100  # timed calls per workload at most
+    # The heat: the candidate's own calls back to back before a burst, so timed calls run under sustained load.
+    heat_s: float = 0.02  # heat before a later burst of a workload that is not power-limited
+    heat_window_s: float = 0.025  # one window of a first heat; it ends when a window is no slower than the last
+    heat_min_s: float = 0.2  # least heat of a power-limited workload's burst
+    first_heat_min_s: float = 0.3  # least first heat of a process's first power-limited workload (a cool GPU)
+    heat_max_s: float = 0.5  # longest first heat
+    unlimited_heat_windows: tuple[int, int] = (2, 4)  # windows before a heat may call a kernel not power-limited
+    # (later workloads, a process's first)
+    # When a workload counts as power-limited (guards the lower clock that sustained load brings).
+    clock_limited: float = 0.97  # SM clock below this share of its top: held (only without a power reading)
+    power_limited: float = 0.95  # NVML instantaneous power at this share of the enforced limit: limited
+    load_slowdown: float = 0.03  # calls slowing by more than this over the heat: limited, when near the cap...
+    slowdown_power: float = 0.8  # ... that is, at this share of the power limit or more
+    # Fillers: untimed calls between timed calls of a power-limited workload.
+    fill_duty: float = 0.92  # share of the time the candidate's calls fill between timed calls
+    fill_max: float = 16.0  # fillers per gap at most, in timed calls' time
+    # The launch cover and the L2 flush before each timed call.
+    cover_s: float = 0.5e-3  # how long the cover holds every SM after it started (covers the host's launch)
+    flush_bytes: int = 256 << 20  # bytes written to flush the L2 (at least 2x any current GPU's L2)
+    # The stopping rule (timing.precise_enough).
+    target_rse: float = 0.01  # stop once the mean's relative standard error is below this
+    target_rse_limited: float = 0.005  # the same, for a power-limited workload (judged on burst means too)
+    limited_min_bursts: int = 3  # bursts of a power-limited workload, where they fit in the budget
+    # What the judge checks.
+    untimed_ratio: float = 0.5  # untimed calls faster than this share of the fastest timed one: suspicious
+    escape_slack_us: float = 10.0  # device work past a call's end event (a burst's mean) allowed before it counts
+    check_probability: float = 0.2  # share of timed calls (besides the first and last) whose output is re-checked
+    # Burst memory: a burst's inputs and output copies, kept until the judge has checked some.
+    burst_memory_share: int = 8  # at most 1/burst_memory_share of the GPU's memory
+    burst_bytes_cpu: int = 256 << 20  # on CPU
+
+
+POLICY = TimingPolicy()

@@ -1,0 +1,70 @@
+"""The task as both processes use it: its files (task.json, reference.py), its calls, and the seeds of its input
+sets."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+
+
+def load_module(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # Triton's JIT and dataclasses look the module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def derive_seed(base: int, *parts) -> int:
+    digest = hashlib.sha256(":".join(str(p) for p in (base, *parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+
+
+def prepare(entry, inputs: tuple, kind: str, device: str):
+    """(callable, arguments) for one call. ``module`` kind: inputs are (init_args, state_dict, *forward_inputs)."""
+    if kind == "function":
+        return entry, inputs
+    init_args, state, *forward = inputs
+    model = entry(*init_args).to(device)
+    model.load_state_dict(state, strict=True)
+    return model, tuple(forward)
+
+
+# --- timing -------------------------------------------------------------------------------------------------------
+
+
+def read_task(task_dir: str, only: list[str] | None) -> dict:
+    with open(os.path.join(task_dir, "task.json")) as f:
+        task = json.load(f)
+    # Defaults mirror TaskSpec in ksearch_graph/task.py (the harness's processes do not import it).
+    task.setdefault("reference", "reference.py")
+    task.setdefault("solution_file", "kernel.py")
+    task.setdefault("language", "triton")
+    task.setdefault("entry_kind", "function")
+    task.setdefault("correctness_seeds", 3)
+    task.setdefault("baseline", None)
+    task["tolerance"] = {"atol": 1e-5, "rtol": 1e-5, "matched_ratio": 1.0} | task.get("tolerance", {})
+    for w in task["workloads"]:
+        w.setdefault("timed", True)
+    if only:
+        unknown = sorted(set(only) - {w["name"] for w in task["workloads"]})
+        if unknown:
+            raise ValueError(f"--workloads names unknown workloads {unknown}")
+        task["workloads"] = [w for w in task["workloads"] if w["name"] in only]
+    return task
+
+
+def candidate_form(task: dict, root: str) -> str:
+    """python (Triton, PyTorch, CuPy: one Python file) or torch_extension (CUDA C++ sources and main.cpp)."""
+    if os.path.isfile(os.path.join(root, task["solution_file"])):
+        return "python"
+    if any(n.endswith((".cu", ".cpp")) for n in os.listdir(root)) and "cuda" in (
+            task.get("allowed_languages") or [task["language"]]):
+        return "torch_extension"
+    return "python"  # and the runner reports the missing solution file
+

@@ -1,0 +1,274 @@
+"""The timed call, done the same way for the reference (in the judge) and the candidate (in its process): heat,
+fillers, launch cover, events, the idle probe."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+
+from ._torch import load_torch
+from .gpu import CudaRuntime, PowerGauge, launch_cover
+from .guards import InterpreterHooks
+from .policy import POLICY
+from .reporting import progress
+from .tensors import leaves, output_items, small_block_sizes, snapshot
+from .timing import later_heat_s
+
+
+class Timer:
+    """One timed call, done the same way for the reference (in the judge) and the candidate (here).
+
+    On CUDA: L2 flushed by writing 256 MB, events around the call on the current stream, then a device-wide
+    synchronize and a third event: the gap between the call's end event and the device going idle is work the call
+    left running elsewhere (a side stream, a thread). The functions used are bound here, before any candidate code is
+    imported, so a candidate that patches ``torch.cuda.Event.elapsed_time`` or ``synchronize`` patches copies we do
+    not call.
+    """
+
+    def __init__(self, device: str):
+        torch = load_torch()
+        self.cuda = device == "cuda"
+        self.perf = time.perf_counter
+        # Python's garbage collector stays off through each timed call (see time); bound here like the CUDA calls.
+        self.gc_disable, self.gc_enable, self.gc_isenabled = gc.disable, gc.enable, gc.isenabled
+        self.hooks: InterpreterHooks | None = None  # the candidate's process sets one (see InterpreterHooks)
+        self.zero_ = torch.Tensor.zero_
+        self.empty, self.uint8 = torch.empty, torch.uint8
+        self.output_small_sizes: list[int] = []  # bytes of the small tensors of the last untimed call's output
+        self.untimed_us: list[float] = []  # device times of heat and filler calls, for the caller's consistency check
+        self.heated = False  # the first heat of this process may start from a cool GPU
+        self.limited = True  # the current workload drives the GPU to its power limit (see heat)
+        # Why the last first heat called it limited ("power", "clock", "slowdown", "no power reading", "no NVML";
+        # None: not limited), and its windows as (mean call us, clock held, W or None): diagnostics show them.
+        self.limited_by: str | None = None
+        self.heat_trace: list[tuple[float, bool | None, float | None]] = []
+        self.spent_s = {"heat": 0.0, "fill": 0.0}  # wall time of heats and fillers, for the evaluation's breakdown
+        self.gauge = None  # PowerGauge on CUDA
+        if self.cuda:
+            self.runtime = CudaRuntime()  # first: it sets how the host waits, before the context exists
+            self.flush = torch.empty(POLICY.flush_bytes, dtype=torch.uint8, device=device)
+            # No Python of torch's between these and the C calls: torch.cuda.Event() runs the class's __new__,
+            # Event.record looks torch.cuda.current_stream up when called, torch.cuda.synchronize torch.cuda.device,
+            # all after the inputs exist and before the start event. Code a candidate put there could compute its
+            # output untimed (tests/cheats/patch_stream.py; LibraryPatches names such replacements too).
+            event_new, stream_new = torch.cuda.Event.__new__, torch.cuda.Stream.__new__
+            Event, Stream, get_stream = torch.cuda.Event, torch.cuda.Stream, torch._C._cuda_getCurrentStream
+            record, device_index = torch.cuda.Event.record, torch.cuda.current_device()
+
+            def current_stream():
+                stream_id, index, kind = get_stream(device_index)
+                return stream_new(Stream, stream_id=stream_id, device_index=index, device_type=kind)
+
+            self.Event = lambda enable_timing=True: event_new(Event, enable_timing=enable_timing)
+            self.record = lambda event: record(event, current_stream())
+            self.elapsed = torch.cuda.Event.elapsed_time
+            self.event_sync = torch.cuda.Event.synchronize
+            self.sync = torch._C._cuda_synchronize  # device-wide
+            self.gauge = PowerGauge(self.runtime.pci_bus_id())
+            self.cover, self.cover_kind = launch_cover(self.flush)
+        else:
+            self.sync = lambda: None
+            self.flush = None
+            self.runtime = None
+            self.cover, self.cover_kind = None, "none (CPU)"
+
+    def time(self, fn, args) -> tuple:
+        """(output, device us, tail us, probe us, host us) of one call, behind the launch cover, which flushes the L2
+        (256 MB written) and then holds the GPU (see POLICY.cover_s).
+
+        Tail: how long the device stayed busy after the call's end event, as this process sees it; probe: how long it
+        takes this process, right now, to see an idle device (the shorter of two probes just before the call). Tail
+        minus probe is work the call left on another stream. Both figures come from this process at this moment, so
+        host speed mostly cancels out; a tail measured elsewhere (the reference's, in the judge) differed by tens of
+        us between processes on the H200. Measured on the H200: 31 us of side-stream work behind a 1.3 us call read
+        31-32 us here. A probe taken after busy work of its own read it 15-30 us short (host wake-up after a wait
+        differs from this idle one), so the probe stays idle, and the host spins instead of yielding while it waits
+        (see CudaRuntime), which keeps wake-ups short. A single probe by a host that had just waited read ~11 us
+        long (docs/timing.md); the second of two is warmer.
+        """
+        # A collection of a process that has imported torch takes up to ~1 ms. Within a timed call it fell between
+        # the launch cover and the call's launch (a 32 us matmul read 101-191 us, its host 570-730 us past the
+        # cover) or between the synchronize and the idle event (a tail the escape check charged: an honest 32 us
+        # matmul read 64 us in 2 of 3 evaluations on an H200; docs/timing.md). The collector runs between calls instead.
+        with self.collector_off():
+            return self._time(fn, args)
+
+    def time_and_copy(self, fn, args) -> tuple:
+        """``time``, then the output's ``snapshot``, with the collector off from the first to the last: a collection
+        between them would run the candidate's gc.callbacks, which could finish the output, untimed, before the
+        copy (InterpreterHooks names them too)."""
+        with self.collector_off():
+            out, *times = self._time(fn, args)
+            collecting = self.gc_isenabled()
+            self.gc_disable()
+            copied = snapshot(out, self.sync)
+            if self.hooks is not None:  # a thread of the candidate's may have installed one while this one waited
+                self.hooks.recheck(collecting)
+            return (copied, *times)
+
+    @contextlib.contextmanager
+    def collector_off(self):
+        collecting = self.gc_isenabled()
+        self.gc_disable()
+        try:
+            yield
+        finally:
+            if collecting:
+                self.gc_enable()
+
+    def _time(self, fn, args) -> tuple:
+        if not self.cuda:
+            t0 = self.perf()
+            out = fn(*args)
+            self.gc_disable()  # the candidate may have turned it on (see time_and_copy)
+            if self.hooks is not None:
+                self.hooks.disarm()
+            us = (self.perf() - t0) * 1e6
+            return out, us, 0.0, 0.0, us
+        if self.runtime is not None:
+            self.runtime.reset_persisting_l2()
+        probe = min(self.idle_gap_us(), self.idle_gap_us())
+        start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
+        self.cover()  # flushes the L2, then holds the GPU while the call is launched (see POLICY.cover_s)
+        h0 = self.perf()
+        self.record(start)
+        out = fn(*args)
+        self.gc_disable()  # the candidate may have turned it on (see time_and_copy)
+        if self.hooks is not None:  # first: what a hook does before this is timed (see InterpreterHooks)
+            self.hooks.disarm()
+        self.record(end)
+        self.sync()  # waits for every stream of the device
+        h1 = self.perf()
+        self.record(idle)
+        self.event_sync(idle)
+        return out, self.elapsed(start, end) * 1e3, self.elapsed(end, idle) * 1e3, probe, (h1 - h0) * 1e6
+
+    def back_to_back(self, fn, args, seconds: float, min_calls: int = 1, while_busy=None) -> None:
+        """Untimed calls as ``do_bench`` makes them: flush, call, flush, call, ... with no synchronize between, so the
+        GPU stays as busy as under sustained load; each call's device time goes to ``untimed_us``. At most two calls
+        run ahead of the host, so the load ends soon after ``seconds``. ``while_busy()``, if given, runs while the
+        last of them still do."""
+        if not self.cuda:
+            return
+        pairs, until = [], self.perf() + seconds
+        while len(pairs) < min_calls or self.perf() < until:
+            start, end = self.Event(enable_timing=True), self.Event(enable_timing=True)
+            self.zero_(self.flush)
+            self.record(start)
+            out = fn(*args)
+            self.record(end)
+            if not pairs:  # for reserve_small_blocks
+                self.output_small_sizes = small_block_sizes(output_items(out))
+            del out
+            pairs.append((start, end))
+            if len(pairs) > 2:
+                self.event_sync(pairs[-3][1])
+        if while_busy is not None:
+            while_busy()
+        self.sync()
+        self.untimed_us += [self.elapsed(a, b) * 1e3 for a, b in pairs]
+
+    @property
+    def power_limited(self) -> bool:
+        """Whether the current workload's first heat found the GPU at its power limit (never on CPU)."""
+        return bool(self.cuda and self.limited)
+
+    def heat(self, fn, args, first: bool) -> None:
+        """The candidate's own calls back to back before a burst of timed calls; before a workload's ``first`` burst,
+        until a window of them is no slower than the one before, and long enough for a power-limited kernel to
+        settle (see POLICY.heat_min_s); that heat also says whether this workload is power-limited."""
+        t0 = self.perf()
+        try:
+            self._heat(fn, args, first)
+        finally:
+            self.spent_s["heat"] += self.perf() - t0
+
+    def _heat(self, fn, args, first: bool) -> None:
+        if not first:
+            self.back_to_back(fn, args, later_heat_s(self.limited), min_calls=2)
+            return
+        least = (POLICY.first_heat_min_s, POLICY.unlimited_heat_windows[1]) if not self.heated else (
+            POLICY.heat_min_s, POLICY.unlimited_heat_windows[0])
+        gauge = self.gauge if self.gauge is not None and self.gauge.available else None
+        windows, started = [], self.perf()
+        seen = gauge is None  # without NVML: limited (the safe side), no reading to wait for
+        # A power reading counts from the second time it changed since the heat began. NVML refreshes it about every
+        # 100 ms (H200), and the first refresh can cover time before the heat (the idle or the previous workload):
+        # a 4096^3 bf16 matmul read 490 W at its first refresh, 717 W at its second (docs/timing.md). The clock and its
+        # reasons lag the load they react to (an H200 still read the power cap 50 ms into a light workload's heat
+        # after an 8192^3 matmul's timing), so they count only where the driver has no power reading.
+        changes, last = 0, gauge.read()[1] if gauge is not None else None
+        self.heated, self.heat_trace, why = True, [], "no NVML" if gauge is None else None
+        peak = 0.0  # the highest power reading that counts (W)
+        while self.cuda and self.perf() - started < POLICY.heat_max_s:
+            done, now = len(self.untimed_us), []
+            # NVML is read while calls still run: a GPU idle for a moment reads top clock again (an
+            # 8192^3 bf16 matmul at 1.39 ms against do_bench's 1.63 read as not limited after a synchronize).
+            self.back_to_back(fn, args, POLICY.heat_window_s, while_busy=None if gauge is None else lambda: now.append(
+                gauge.read()))
+            windows.append(sum(self.untimed_us[done:]) / max(1, len(self.untimed_us) - done))
+            held, watts = now[-1] if now else (None, None)
+            self.heat_trace.append((windows[-1], held, watts))
+            if now:
+                if not gauge.has_power:  # the clock, from the second window (in the first it may ramp up)
+                    why = why or ("clock" if held and len(windows) > 1 else None)
+                    seen = seen or len(windows) > 1
+                elif watts is not None and watts != last:  # None: this query failed
+                    changes, last = changes + 1, watts
+                    if changes >= 2:
+                        why, seen, peak = why or ("power" if gauge.at_limit(watts) else None), True, max(peak, watts)
+            near_cap = gauge is not None and (not gauge.has_power or gauge.at_limit(peak, POLICY.slowdown_power))
+            if near_cap and len(windows) > 1 and windows[-1] > min(windows[1:]) * (1 + POLICY.load_slowdown):
+                why = why or "slowdown"
+            limited = why is not None
+            settled = self.perf() - started >= least[0] if limited else seen and len(windows) >= least[1]
+            if settled and len(windows) > 1 and windows[-1] <= windows[-2] * 1.01:
+                break
+        if not seen:  # no fresh power reading within POLICY.heat_max_s: the safe side
+            progress(f"heat: no NVML power reading refreshed within {POLICY.heat_max_s:g} s; counted as power-limited")
+            why = why or "no power reading"
+        self.limited, self.limited_by = why is not None, why
+
+    def fill(self, fn, args, gap_s: float, call_us: float) -> None:
+        """Between two timed calls of a power-limited workload, before the next one's inputs exist: enough untimed
+        calls that calls fill POLICY.fill_duty of the time, given the ``gap_s`` of other work around the last timed call
+        (of ``call_us``)."""
+        duty = POLICY.fill_duty
+        seconds = min(duty / (1 - duty) * gap_s - call_us * 1e-6, POLICY.fill_max * call_us * 1e-6)
+        if self.limited and seconds > 0:
+            t0 = self.perf()
+            self.back_to_back(fn, args, seconds)
+            self.spent_s["fill"] += self.perf() - t0
+
+    def reserve_small_blocks(self, held, count: int) -> None:
+        """Before a burst of ``count`` calls, each holding what ``held`` (one call's inputs as kept) holds, right after
+        its heat: make and free the small blocks the burst will hold (each call's inputs and output copy, and two
+        outputs), so no timed call's own allocation needs a new segment from the driver. The output's sizes are
+        those of the first call of the last untimed run (``back_to_back``: the heat's last window).
+
+        Why (H200; docs/timing.md): the burst holds every call's inputs and output copy for the judge's checks, so the
+        caching allocator ran out of cached small blocks about once a burst, and the candidate's output allocation
+        inside that timed call was a cudaMalloc, which waits for the launch cover: a 32 us matmul read 297-365 us.
+        Requests of 1-10 MB share 20 MB segments and could run out the same way; they are not reserved (the slow
+        calls seen were small-pool ones, and this is what ran on the GPU); from 10 MB a request gets a segment of
+        its own, cached from the workload's warm-up and earlier bursts. The output's sizes come from the heat, not
+        from a call of its own: one more call between the heat and the burst made TriMul's fillers grow from 3.1 to
+        5.2 s (every time, cause not found)."""
+        if not self.cuda:
+            return
+        sizes = small_block_sizes(leaves(held)) + self.output_small_sizes
+        blocks = [self.empty(n, dtype=self.uint8, device="cuda") for _ in range(count + 2) for n in sizes]
+        del blocks
+
+    def idle_gap_us(self) -> float:
+        """Device time between an event and the next one this process records after a device-wide synchronize, on
+        an idle device: the same steps as the tail of a timed call, with nothing left running."""
+        self.sync()
+        a, b = self.Event(enable_timing=True), self.Event(enable_timing=True)
+        self.record(a)
+        self.sync()
+        self.record(b)
+        self.event_sync(b)
+        return self.elapsed(a, b) * 1e3
+

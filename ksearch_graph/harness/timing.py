@@ -1,0 +1,211 @@
+"""How many timed calls, in which bursts, and what counts: the burst loop, the stopping rule, the side-stream rule
+and the burst sizes."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import TYPE_CHECKING
+
+from ._torch import load_torch
+from .policy import POLICY
+
+if TYPE_CHECKING:
+    from .timer import Timer
+
+
+def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None, held=None) -> list[tuple]:
+    """Time ``count`` calls one after another, each on inputs ``next_call(k)`` generates just before it (returning
+    (fn, args)): [(snapshot of the output, device us, tail us, probe us, host us)] (see ``Timer.time``);
+    ``seen(snapshot)``, if given, right after each snapshot. ``filler``: (fn, args) of the caller's heat, called
+    back to back between timed calls (``Timer.fill``); the small blocks the burst will hold are made and freed
+    before its first call (``Timer.reserve_small_blocks``: ``held``, what each call's kept inputs hold, if not just
+    the filler's arguments). The reference (in the judge) and the candidate (here) both go through it.
+
+    After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only filler calls,
+    its input generation, the launch cover (with the L2 flush), a device-wide synchronize and an output copy in
+    between, as FlashInfer-Bench (a synchronize and a copy of the inputs between calls) and GPU MODE (fresh inputs
+    between calls) time. The inputs of a call do not exist before the previous call has finished: a candidate that
+    found them earlier could work ahead on them (tests/cheats/work_ahead.py).
+
+    Why the fillers: without them the calls filled 61% of the time for an 8192^3 bf16 matmul on an H200 (input
+    generation and checks the rest), which kept it below the power limit: it read 1.39-1.43 ms against 1.56-1.61 ms
+    in ``triton.testing.do_bench`` and in a loop of itself (docs/timing.md).
+    """
+    if filler is not None:
+        timer.reserve_small_blocks(filler[1] if held is None else held, count)
+    done = []
+    gap_s = 0.0
+    for k in range(count):
+        if filler is not None and k:
+            timer.fill(*filler, gap_s, done[-1][1])
+        t0 = timer.perf()
+        fn, args = next_call(k)
+        done.append(timer.time_and_copy(fn, args))
+        times = done[-1][1:]
+        del fn, args
+        if seen is not None:
+            seen(done[-1][0])
+        gap_s = max(0.0, timer.perf() - t0 - times[0] * 1e-6)  # times[0]: the call's device time
+    return done
+
+
+
+def precise_enough(times: list[float], started_s: float, budget_s: float, now_s: float, min_runs: int = POLICY.min_runs,
+                   limited: bool = False, sizes: list[int] | None = None, next_burst_s: float | None = None,
+                   first_heat_s: float = 0.0) -> bool:
+    """The adaptive stopping rule shared by reference and candidate timing; ``limited``: the workload is
+    power-limited (POLICY.target_rse_limited); ``sizes``: the calls of each burst so far, in order (default: one burst);
+    ``next_burst_s``: what one more burst would take, its heat included; ``first_heat_s``: the heat before the
+    first burst, which runs until the calls stop slowing (0.02-0.5 s).
+
+    A power-limited workload's calls share their burst's clock state: its burst means scatter more than its calls
+    say (a 4096^3 bf16 matmul on the H200: 1.3% per call within a burst, 1.5% between the means of 10-call bursts
+    0.26 s apart; docs/timing.md), so one burst's error is not the mean's, and evaluations that stopped after one burst
+    read 2.5-2.9% apart. Such a workload gets POLICY.limited_min_bursts bursts where they all fit in the budget (a cheap
+    burst: three of that matmul's cost 0.8 s), the first heat left out of that sum so that it does not decide how
+    many follow (the budget itself counts it: counted from the heat's end, TriMul's largest workloads, whose calls
+    vary 1.9% with their inputs, took a second 1.1 s burst; docs/timing.md). From two bursts on, its error is the larger
+    of the calls' standard error and the burst means' (two means can agree by chance). Where three do not fit
+    (TriMul's bursts take 0.5-1.3 s each; their means agreed within 0.1-0.3%), one burst whose calls are precise
+    enough ends its timing."""
+    n = len(times)
+    if n >= POLICY.max_runs:
+        return True
+    if n < min_runs:
+        return False
+    sizes = sizes or [n]
+    spent = now_s - started_s
+    if limited and len(sizes) < POLICY.limited_min_bursts and next_burst_s is not None and (
+            spent - first_heat_s + (POLICY.limited_min_bursts - len(sizes)) * next_burst_s <= budget_s):
+        return False
+    mean = sum(times) / n
+    error = _standard_error(times)
+    if limited and len(sizes) > 1:
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        means = [sum(times[start:start + size]) / size for start, size in zip(starts, sizes)]
+        error = max(error, _standard_error(means))
+    target = POLICY.target_rse_limited if limited else POLICY.target_rse
+    return error / mean < target or spent > budget_s
+
+
+def _standard_error(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+
+def later_heat_s(limited: bool) -> float:
+    """The heat before a workload's later bursts (see POLICY.heat_s)."""
+    return POLICY.heat_min_s if limited else POLICY.heat_s
+
+
+
+class SideStreamRule:
+    """Work a candidate leaves running on another stream finishes after its call's end event, so the device time
+    misses it; its process measures each call's tail (how long the device stayed busy after the end event) and a
+    probe (how long it takes to see an idle device), and tail minus probe is that work (timer.Timer.time).
+
+    Decided per burst, on the mean of tail minus probe over its calls (each at least 0), the largest left out: a
+    burst whose figure exceeds max(escape_slack_us, 20% of its median call) left work running. The mean bounds the
+    work a burst can hide however it is spread over its calls (a median let a candidate hide all of it in 4 calls of
+    10); leaving the largest out keeps one honest call's long wake-up (a collection, a preempted host thread: 40-144
+    us; docs/timing.md) from deciding. The first MAX_DROPPED_BURSTS such bursts of a workload are dropped and timed again
+    on fresh inputs, as the host's wake-ups can read long for a whole burst (an honest 77 us matmul, the first
+    workload of a fresh process pair on the H200: 17 us median, its calls read 107 us; docs/timing.md); a dropped burst's
+    times are not kept, so hiding work in one only lets a candidate have a burst timed again (a re-roll, worth at most
+    the scatter between bursts: 1-3% on the H200). The next such burst charges every call of the workload its whole
+    tail, the probe not taken off: the doubt is then on its side (a probe can read long: stream_switch's 32 us of
+    side-stream work was charged 21 us; docs/timing.md)."""
+
+    MAX_DROPPED_BURSTS = 2
+
+    def __init__(self):
+        self.dropped = 0  # bursts dropped so far
+        self.charged = False
+        self.extra_us = 0.0  # the figure of the last burst judged (the charged one, once charged)
+
+    @staticmethod
+    def figure(escapes: list[float]) -> float:
+        """Mean tail minus probe (each at least 0; a probe read long must not offset another call's tail), the
+        largest left out where there are three or more calls."""
+        kept = sorted(max(0.0, e) for e in escapes)
+        return statistics.fmean(kept[:-1] if len(kept) > 2 else kept)
+
+    def verdict(self, times: list[float], escapes: list[float]) -> str:
+        """For one burst (device us and tail minus probe, per call): "keep", "drop" (time it again) or "charge"
+        (keep it; every call of the workload gets its whole tail)."""
+        if self.charged:
+            return "keep"
+        extra = self.extra_us = self.figure(escapes)
+        if extra <= max(POLICY.escape_slack_us, 0.2 * statistics.median(times)):
+            return "keep"
+        if self.dropped < self.MAX_DROPPED_BURSTS:
+            self.dropped += 1
+            return "drop"
+        self.charged = True
+        return "charge"
+
+    def reported(self, times: list[float], tails: list[float]) -> list[float]:
+        """The workload's times as the result reports them (and the stopping rule judges them)."""
+        return [t + tail for t, tail in zip(times, tails)] if self.charged else times
+
+
+def next_burst_s(burst_started: float, heat_s: float, limited: bool) -> float:
+    """What one more burst of a workload would take: the one that began at ``burst_started`` (perf_counter), its
+    ``heat_s`` of heat replaced by a later burst's (precise_enough)."""
+    return time.perf_counter() - burst_started - heat_s + later_heat_s(limited)
+
+
+class Bursts:
+    """What the stopping rule (precise_enough) knows of a workload's bursts so far: the kept ones' calls, the
+    first one's heat and what one more would take."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self.first_heat_s, self.next_s = 0.0, None
+
+    def add(self, first: int, kept: int, burst_started: float, heat_s: float, limited: bool) -> None:
+        """A burst done: ``first`` its first call's index (0: the workload's first burst), ``kept`` its calls in the
+        result (0 for one the SideStreamRule dropped)."""
+        if kept:
+            self.sizes.append(kept)
+        if first == 0:
+            self.first_heat_s = heat_s
+        self.next_s = next_burst_s(burst_started, heat_s, limited)
+
+    def rule(self) -> tuple:
+        """precise_enough's last arguments."""
+        return self.sizes, self.next_s, self.first_heat_s
+
+
+def burst_size(done: int, call_bytes: int, call_s: float, limited: bool, min_runs: int, budget_s: float,
+           memory_bytes: int) -> int:
+    """How many calls the next burst makes: POLICY.min_runs first, then twice as many as so far (fewer heats), within
+    half the timing budget, the burst memory (inputs and output copies) and POLICY.max_runs kept calls in all (``done``:
+    the calls kept so far; a burst the SideStreamRule dropped does not count; ``memory_bytes``: the burst memory,
+    ``burst_memory_bytes``). Where the memory holds fewer than
+    POLICY.min_runs calls, POLICY.min_runs are split into equal bursts (5 + 5 for a memory of 9 calls, not 9 + 9: the second
+    burst would have made the calls up to POLICY.min_runs and as many again).
+
+    A power-limited workload's bursts all make POLICY.min_runs calls, each after at least 0.2 s of heat
+    (Timer.heat): its calls speed up through a burst, the fillers keeping the GPU a little below the load that
+    holds it at its cap, so a longer burst reads faster, and the mean depended on how many bursts the stopping
+    rule asked for (H200: a 4096^3 bf16 matmul read 185.8, 182.5 and 181.4 us in evaluations of 10,
+    30 and 90 calls; its bursts in one evaluation 186.4, 183.1 and 180.0 us for 10, 20 and 60 calls). The first
+    burst still differs a little: it follows the workload's first heat, which runs until the calls stop slowing
+    (an 8192^3 matmul's first read 2-4% faster than its later ones)."""
+    fits = max(1, memory_bytes // max(1, call_bytes))
+    even = math.ceil(min_runs / math.ceil(min_runs / fits))  # POLICY.min_runs in the fewest bursts that fit
+    size = even if done < min_runs or limited else max(min_runs, min(2 * done, int(
+        budget_s / 2 / max(call_s, 1e-6))))
+    return max(1, min(size, fits, POLICY.max_runs - done))
+
+
+
+def burst_memory_bytes(device: str) -> int:
+    """What a burst's inputs and output copies may hold: a POLICY.burst_memory_share of the GPU's memory, POLICY.burst_bytes_cpu
+    on CPU."""
+    if device == "cuda":
+        return load_torch().cuda.get_device_properties(0).total_memory // POLICY.burst_memory_share
+    return POLICY.burst_bytes_cpu
