@@ -34,13 +34,9 @@ def make_agents(config: SearchConfig) -> tuple[Planner, Coder]:
 
 
 def _default_evaluator(config: SearchConfig, task: Task) -> Evaluator:
-    from .evaluation import SubprocessEvaluator, gpu_driver_present
+    from .harness.make_pool import PoolOptions, make_pool
 
-    budget = config.timing_budget_s or (1.0 if gpu_driver_present() else 0.25)
-    evaluator = SubprocessEvaluator(timeout_s=config.eval_timeout_s, time_budget_s=budget)
-    # On a GPU host: the first evaluation's torch imports and its reference timing overlap the first LLM turns.
-    evaluator.start_ahead(task)
-    return evaluator
+    return make_pool(PoolOptions(), config, task)
 
 
 def make_context(run: RunDir, *, evaluator: Evaluator | None = None,
@@ -71,6 +67,8 @@ def drive(run: RunDir, ctx: SearchContext, *, fresh: bool, on_event: EventSink |
     """
     graph = build_search_graph(run.checkpointer())
     config = run.graph_config(checkpoint_id)
+    # Threads for the cycles side by side (LangGraph's default is cores + 4); the pool bounds the evaluations.
+    config["max_concurrency"] = 64
     ctx.store.set_meta("status", "running")
     try:
         for namespace, mode, chunk in graph.stream(
