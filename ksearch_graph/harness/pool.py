@@ -103,11 +103,10 @@ class EvaluationPool:
 
     def utilisation(self, since: float | None = None, until: float | None = None) -> float:
         """Share of slot-time leased to evaluations between ``since`` and ``until`` (monotonic clock)."""
-        since = self.started if since is None else since
-        until = time.monotonic() if until is None else until
         with self._cond:
-            busy = sum(max(0.0, min(i.end, until) - max(i.start, since)) for i in self.intervals)
-        return busy / max(1e-9, (until - since) * len(self.slots))
+            intervals = list(self.intervals)
+        return busy_share(intervals, len(self.slots), self.started if since is None else since,
+                          time.monotonic() if until is None else until)
 
     def start_ahead(self, task: Task | None = None) -> None:
         for slot in self.slots:
@@ -147,6 +146,12 @@ class EvaluationPool:
                     self._free.append(slot)
                     self._cond.notify_all()
                 return
+
+
+def busy_share(intervals: list[Interval], slots: int, since: float, until: float) -> float:
+    """Leased slot-time between ``since`` and ``until`` over the slot-time there was."""
+    busy = sum(max(0.0, min(i.end, until) - max(i.start, since)) for i in intervals)
+    return busy / max(1e-9, (until - since) * slots)
 
 
 def _may_have_broken_gpu(result: EvalResult) -> bool:
