@@ -458,6 +458,24 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_campaign(args) -> int:
+    from .campaign import Campaign
+
+    config = _config_from_args(args)
+
+    def task_folder(task: str):
+        return _task_folder(task, None)
+
+    campaign = Campaign.create_or_open(Path(args.runs_dir), args.tasks, config, task_folder)
+    first = RunDir.open(Path(args.runs_dir) / next(iter(campaign.runs.values())))
+    evaluator = _make_evaluator(first, _pool_options(args))  # one pool for every search of the campaign
+    print(f"campaign {args.runs_dir}: {', '.join(campaign.runs)}")
+    failed = campaign.run(evaluator, quiet=args.quiet)
+    print(campaign.table())
+    print(f"report: {campaign.write_report()}")
+    return EXIT_PAUSED if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ksearch", description="K-Search: LLM kernel search with a co-evolving world model")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -473,6 +491,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_search_options(p)
     _add_pool_options(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("campaign", help="one search per task, side by side on one pool, with one token/cost budget "
+                                        "(run it again to resume)")
+    p.add_argument("tasks", nargs="*", help="task folders, FlashInfer-Trace definition files or KernelBench problems")
+    p.add_argument("--runs-dir", required=True, help="the campaign's folder (one run directory per task inside)")
+    p.add_argument("--quiet", action="store_true", help="no live table")
+    _add_search_options(p)
+    _add_pool_options(p)
+    p.set_defaults(func=cmd_campaign)
 
     p = sub.add_parser("resume", help="continue a run after a crash, kill or Ctrl-C (or a finished one with more budget)")
     p.add_argument("run_dir")

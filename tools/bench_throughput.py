@@ -150,10 +150,11 @@ def utilisation(intervals, slots: int, since: float, until: float) -> float:
 
 def run_one(args, pool_kind: str, workers: int, k: int, server: StandInLLM, task) -> dict:
     scale = args.scale
-    iterations = max(args.min_iterations, args.iterations_per_lane * k)
+    iterations = max(args.min_iterations, args.iterations_per_lane * k * args.samples)
     settings = LLMSettings(model="standin", base_url=server.base_url, max_retries=2, backoff_s=0.01,
                            timeout_s=600)
     config = SearchConfig(budget=Budget(iterations=iterations), parallel_cycles=k, stagnation_window=3,
+                          samples=args.samples,
                           planner="llm", planner_llm=settings, coder_llm=settings, confirm_new_best=False,
                           timing_budget_s=0.05)
     seed = 1000 * workers + k
@@ -183,7 +184,7 @@ def run_one(args, pool_kind: str, workers: int, k: int, server: StandInLLM, task
     intervals = list(pool.intervals)
     first, last = min(i.start for i in intervals), max(i.end for i in intervals)
     return {
-        "pool": pool_kind, "workers": workers, "k": k, "iterations": n, "wall_s": round(wall, 2),
+        "pool": pool_kind, "workers": workers, "k": k, "samples": args.samples, "iterations": n, "wall_s": round(wall, 2),
         "iterations_per_hour": round(n / wall * 3600 * scale, 1),
         "busy_steady": round(utilisation(intervals, workers, first, last), 3),
         "busy_run": round(utilisation(intervals, workers, c0, c1), 3),
@@ -206,6 +207,7 @@ def main() -> None:
     ap.add_argument("--iterations-per-lane", type=int, default=4, help="iteration budget = this x k (at least "
                                                                             "--min-iterations)")
     ap.add_argument("--min-iterations", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=1, help="code generations per step, evaluated side by side")
     ap.add_argument("--evaluator", choices=["standin", "real"], default="standin")
     ap.add_argument("--out", help="write every row as JSON here")
     args = ap.parse_args()
@@ -228,13 +230,13 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
                 if kind == "ray":
                     ray.shutdown()
-    serial = {r["pool"]: r for r in rows if r["workers"] == 1 and r["k"] == 1}
-    print(f"\n| pool | workers | k | iterations | iterations/hour | x serial | busy (steady) | busy (run) | "
+    serial = {r["pool"]: r for r in rows if r["workers"] == 1 and r["k"] == 1 and r["samples"] == 1}
+    print(f"\n| pool | workers | k x samples | iterations | iterations/hour | x serial | busy (steady) | busy (run) | "
           f"driver CPU ms/iter |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         base = serial.get(r["pool"])
         speedup = f"{r['iterations_per_hour'] / base['iterations_per_hour']:.2f}" if base else "-"
-        print(f"| {r['pool']} | {r['workers']} | {r['k']} | {r['iterations']} | {r['iterations_per_hour']:.0f} | "
+        print(f"| {r['pool']} | {r['workers']} | {r['k']}x{r['samples']} | {r['iterations']} | {r['iterations_per_hour']:.0f} | "
               f"{speedup} | {r['busy_steady']:.0%} | {r['busy_run']:.0%} | {r['driver_cpu_ms_per_iteration']} |")
     for kind, r in serial.items():
         print(f"serial loop ({kind}): graph overhead {r['overhead_ms_per_iteration']} ms per iteration")
