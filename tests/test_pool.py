@@ -95,7 +95,8 @@ def _store_rows(run_dir, sql):
 def test_rolling_lanes_on_the_pool_survive_kill9_and_branch_from_a_merge(tmp_path):
     run_dir, iterations = tmp_path / "run", 8
     cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations",
-           str(iterations), "-k", "3", "--cpu-slots", "2", "--stagnation-window", "2", "--run-dir", str(run_dir)]
+           str(iterations), "-k", "3", "--samples", "2", "--cpu-slots", "2", "--stagnation-window", "2",
+           "--run-dir", str(run_dir)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("OPENAI_API_KEY", None)
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -111,6 +111,10 @@ class StandInEvaluator:
         return EvalResult(status=Status.passed, score=score, latency_us=100 / score)
 
 
+def pause(seconds: float) -> None:
+    time.sleep(seconds)
+
+
 def ray_standin(seconds: float, files: dict[str, str]) -> tuple[str, float, float]:
     """On a Ray worker holding one logical GPU: the stand-in evaluation."""
     start = time.time()
@@ -129,7 +133,8 @@ class RayStandInPool:
         from ksearch_graph.harness.pool import Interval
 
         self.ray, self.Interval = ray, Interval
-        self.remote = ray.remote(num_gpus=1, max_retries=1)(ray_standin)
+        # One logical GPU per evaluation and no CPU: the stand-in only sleeps, and the local Ray has 2 CPUs.
+        self.remote = ray.remote(num_gpus=1, num_cpus=0, max_retries=1)(ray_standin)
         self.slots, self.mean_s, self.jitter_s = gpus, mean_s, jitter_s
         self.rng, self.lock, self.intervals = random.Random(seed), threading.Lock(), []
 
@@ -224,6 +229,8 @@ def main() -> None:
                     import ray
 
                     ray.init(num_cpus=2, num_gpus=w, include_dashboard=False, log_to_driver=False)
+                    warm = ray.remote(num_gpus=1, num_cpus=0)(pause)  # start the w worker processes first
+                    ray.get([warm.remote(0.5) for _ in range(w)])
                 for k in ks:
                     row = run_one(args, kind, w, k, server, task)
                     rows.append(row)

@@ -14,7 +14,6 @@ every one is recorded, and the best (passing, highest score; else the first) is 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from langgraph.runtime import Runtime
 
@@ -22,7 +21,7 @@ from ..context import SearchContext, search_context
 from ..evaluation import EvalResult, Status
 from ..state import CycleState
 from ..store import attempt_summary
-from ._common import emit
+from ._common import emit, side_by_side
 
 
 def _evaluate(ctx: SearchContext, files: dict[str, str], attempt_id: str) -> EvalResult:
@@ -109,11 +108,7 @@ def compile_and_bench(state: CycleState, runtime: Runtime[SearchContext]) -> dic
             best_before=bar,
         )
 
-    if len(samples) == 1:
-        rows = [bench(samples[0])]
-    else:
-        with ThreadPoolExecutor(len(samples)) as pool:
-            rows = list(pool.map(bench, samples))
+    rows = side_by_side(bench, samples)
     passed = [r for r in rows if r["status"] == "passed"]
     row = max(passed, key=lambda r: r["score"]) if passed else rows[0]
     return {"last": attempt_summary(row), "n_attempts": state.get("n_attempts", 0) + len(rows), "pending": None,

@@ -12,14 +12,13 @@ the cycle's allowance leaves); compile_and_bench evaluates them side by side and
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from langgraph.runtime import Runtime
 
 from ..agents import CodeRequest
 from ..context import SearchContext, search_context
 from ..state import CycleState
-from ._common import emit
+from ._common import emit, side_by_side
 
 
 def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
@@ -32,11 +31,7 @@ def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict
     last = state.get("last")
     n = max(1, min(ctx.config.samples, cycle["allowance"] - n_attempts))
     ids = [f"{cycle['id']}.{step}"] if ctx.config.samples == 1 else [f"{cycle['id']}.{step}.{j}" for j in range(1, n + 1)]
-    if len(ids) == 1:
-        generated = [_generate(ctx, runtime, state, ids[0], kind)]
-    else:
-        with ThreadPoolExecutor(len(ids)) as pool:
-            generated = list(pool.map(lambda aid: _generate(ctx, runtime, state, aid, kind), ids))
+    generated = side_by_side(lambda aid: _generate(ctx, runtime, state, aid, kind), ids)
     pending = [{
         "id": attempt_id,
         "prompt_kind": kind,
