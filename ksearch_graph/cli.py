@@ -47,6 +47,11 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-retries", type=int, default=5, help="retries of a failed API call before pausing the run")
     p.add_argument("--llm-backoff", type=float, default=2.0, help="first retry delay in seconds (doubles each time)")
     p.add_argument("-k", "--parallel-cycles", type=int, default=1, help="action cycles run side by side")
+    p.add_argument("--samples", type=int, default=1,
+                   help="code generations per step for the same prompt, evaluated side by side; the best is kept")
+    p.add_argument("--rounds", action="store_true",
+                   help="with -k > 1: run cycles in rounds (one world-model update after all k end) instead of "
+                        "rolling lanes that start the next cycle as soon as theirs ends")
     p.add_argument("--policy", choices=["greedy", "failure_aware"], default="greedy")
     p.add_argument("--stagnation-window", type=int, default=5)
     p.add_argument("--difficulty-cap", type=int, default=4)
@@ -58,6 +63,37 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--approve-plans", action="store_true",
                    help="ask before each selected plan is implemented (approve, edit, pick another, stop)")
+
+
+# ---------------------------------------------------------------------- evaluation pool (docs/scale-out.md)
+
+
+def _add_pool_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("evaluation pool (where candidates are evaluated; not saved with the run)")
+    g.add_argument("--gpus", help="local pool: the GPU indices to use, e.g. 0,1,3 (default: every visible GPU)")
+    g.add_argument("--cpu-slots", type=int, help="without a GPU: evaluations at once (default: half the cores)")
+    g.add_argument("--ray", action="store_true", help="evaluate on Ray (a local Ray unless --ray-address is given)")
+    g.add_argument("--ray-address", help="evaluate on this Ray cluster: auto | ray://HOST:PORT (implies --ray)")
+    g.add_argument("--gpu-model", help="Ray: run on GPUs of this accelerator type only (needed on a mixed cluster)")
+
+
+def _pool_options(args):
+    from .harness.make_pool import PoolOptions
+
+    if (args.ray or args.ray_address) and args.gpus:
+        raise RunDirError("--gpus chooses GPUs of this machine; on Ray the cluster's resources decide")
+    return PoolOptions(gpus=args.gpus, cpu_slots=args.cpu_slots, ray=args.ray, ray_address=args.ray_address,
+                       gpu_model=args.gpu_model)
+
+
+def _make_evaluator(run: RunDir, options):
+    from .harness.make_pool import make_pool
+    from .harness.pool import PoolError
+
+    try:
+        return make_pool(options, run.config, run.task())
+    except PoolError as e:
+        raise RunDirError(str(e)) from None
 
 
 def _config_from_args(args) -> SearchConfig:
@@ -84,6 +120,8 @@ def _config_from_args(args) -> SearchConfig:
         budget=Budget(iterations=args.iterations, max_tokens=args.max_tokens, max_cost_usd=args.max_cost,
                       max_wall_s=args.max_wall),
         parallel_cycles=args.parallel_cycles,
+        samples=args.samples,
+        rolling_cycles=not args.rounds,
         stagnation_window=args.stagnation_window,
         difficulty_cap=args.difficulty_cap,
         policy=args.policy,
@@ -136,12 +174,13 @@ def _local_endpoint(run: RunDir):
                 settings.base_url, settings.context_tokens = None, None
 
 
-def _drive(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None) -> int:
+def _drive(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, pool=None) -> int:
     from .local_llm import LocalModelError
 
+    evaluator = _make_evaluator(run, pool) if pool is not None else None
     try:
         with _local_endpoint(run):
-            return _drive_search(run, fresh=fresh, quiet=quiet, answer=answer)
+            return _drive_search(run, fresh=fresh, quiet=quiet, answer=answer, evaluator=evaluator)
     except LocalModelError as e:
         print(f"\nksearch: the local model is not available:\n  {e}\nFix it, then: ksearch resume {run.path}",
               file=sys.stderr)
@@ -217,14 +256,14 @@ def _show_question(q: dict) -> None:
         print("  other open actions: " + "; ".join(others))
 
 
-def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None) -> int:
+def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, evaluator=None) -> int:
     from .context import make_context
     from .llm import EndpointUnavailable, LLMConfigError
     from .nodes.world_model_update import PlannerFailed
     from .progress import ProgressPrinter
     from .search import drive, pending_question
 
-    ctx = make_context(run)
+    ctx = make_context(run, evaluator=evaluator)
     print(OFFLINE_NOTICE if run.config.planner == "offline" else
           f"planner: {run.config.planner_llm.model}  coder: {run.config.coder_llm.model}"
           + (f"  endpoint: {run.config.planner_llm.base_url}" if run.config.planner_llm.base_url else ""))
@@ -309,7 +348,7 @@ def cmd_run(args) -> int:
         run_dir = args.run_dir or Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         run = RunDir.create(run_dir, task_folder, config)
     print(f"run directory: {run.path}")
-    return _drive(run, fresh=True, quiet=args.quiet)
+    return _drive(run, fresh=True, quiet=args.quiet, pool=_pool_options(args))
 
 
 def cmd_resume(args) -> int:
@@ -333,7 +372,7 @@ def cmd_resume(args) -> int:
     answer = parse_answer(args.answer) if args.answer else None
     if answer is not None and pending_question(run) is None:
         raise RunDirError(f"{run.path} is not waiting for an answer")
-    return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer)
+    return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer, pool=_pool_options(args))
 
 
 def cmd_history(args) -> int:
@@ -420,6 +459,24 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_campaign(args) -> int:
+    from .campaign import Campaign
+
+    config = _config_from_args(args)
+
+    def task_folder(task: str):
+        return _task_folder(task, None)
+
+    campaign = Campaign.create_or_open(Path(args.runs_dir), args.tasks, config, task_folder)
+    first = RunDir.open(Path(args.runs_dir) / next(iter(campaign.runs.values())))
+    evaluator = _make_evaluator(first, _pool_options(args))  # one pool for every search of the campaign
+    print(f"campaign {args.runs_dir}: {', '.join(campaign.runs)}")
+    failed = campaign.run(evaluator, quiet=args.quiet)
+    print(campaign.table())
+    print(f"report: {campaign.write_report()}")
+    return EXIT_PAUSED if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ksearch", description="K-Search: LLM kernel search with a co-evolving world model")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -433,7 +490,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="where the run lives (default runs/<task>-<time>)")
     p.add_argument("--quiet", action="store_true")
     _add_search_options(p)
+    _add_pool_options(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("campaign", help="one search per task, side by side on one pool, with one token/cost budget "
+                                        "(run it again to resume)")
+    p.add_argument("tasks", nargs="*", help="task folders, FlashInfer-Trace definition files or KernelBench problems")
+    p.add_argument("--runs-dir", required=True, help="the campaign's folder (one run directory per task inside)")
+    p.add_argument("--quiet", action="store_true", help="no live table")
+    _add_search_options(p)
+    _add_pool_options(p)
+    p.set_defaults(func=cmd_campaign)
 
     p = sub.add_parser("resume", help="continue a run after a crash, kill or Ctrl-C (or a finished one with more budget)")
     p.add_argument("run_dir")
@@ -442,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="use another model for the run's planner and coder")
     p.add_argument("--answer", help="answer a pending plan approval: approve | stop | 'pick ID' | 'edit JSON'")
     p.add_argument("--quiet", action="store_true")
+    _add_pool_options(p)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("history", help="list a run's checkpoints (branch points)")

@@ -20,6 +20,10 @@ class Budget(BaseModel):
 class SearchConfig(BaseModel):
     budget: Budget = Budget()
     parallel_cycles: int = Field(1, ge=1, le=16, description="k action cycles run side by side")
+    # With k > 1: a cycle that ends is merged into the world model at once and its lane starts the next cycle, so
+    # no GPU waits for the slowest cycle of a round. False: rounds of k cycles and one update after each round.
+    rolling_cycles: bool = True
+    samples: int = Field(1, ge=1, le=16, description="code generations per step, evaluated side by side; best kept")
     stagnation_window: int = Field(5, ge=1, description="W: a cycle ends after W non-improving attempts")
     difficulty_cap: int = Field(4, ge=1, le=5)
     policy: PolicyName = "greedy"

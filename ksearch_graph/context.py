@@ -65,13 +65,10 @@ def make_agents(config: SearchConfig) -> tuple[Planner, Coder]:
 
 
 def default_evaluator(config: SearchConfig, task: Task) -> Evaluator:
-    from .harness.client import SubprocessEvaluator, gpu_driver_present
+    """The local evaluation pool over every visible GPU (CPU slots without one); the CLI passes its pool options."""
+    from .harness.make_pool import PoolOptions, make_pool
 
-    budget = config.timing_budget_s or (1.0 if gpu_driver_present() else 0.25)
-    evaluator = SubprocessEvaluator(timeout_s=config.eval_timeout_s, time_budget_s=budget)
-    # On a GPU host: the first evaluation's torch imports and its reference timing overlap the first LLM turns.
-    evaluator.start_ahead(task)
-    return evaluator
+    return make_pool(PoolOptions(), config, task)
 
 
 def make_context(run: RunDir, *, evaluator: Evaluator | None = None,

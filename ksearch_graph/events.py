@@ -75,6 +75,13 @@ class CycleOrphanedEvent(Event):
 
 
 @dataclass(frozen=True)
+class LaneFinishedEvent(Event):
+    kind: ClassVar[str] = "lane_finished"  # a rolling lane ended: no free action, or the budget is spent
+    cycle_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class WorldModelEvent(Event):
     kind: ClassVar[str] = "world_model"  # after initialisation and every update
     phase: str

@@ -6,6 +6,7 @@ The CLI is a thin shell over these functions; tests and other programs can call 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -30,6 +31,8 @@ def drive(run: RunDir, ctx: SearchContext, *, fresh: bool, on_event: EventSink |
     """
     graph = build_search_graph(run.checkpointer())
     config = run.graph_config(checkpoint_id)
+    # Threads for the cycles side by side (LangGraph's default is cores + 4); the pool bounds the evaluations.
+    config["max_concurrency"] = 64
     ctx.store.set_meta("status", "running")
     try:
         for namespace, mode, chunk in graph.stream(
@@ -105,7 +108,23 @@ def history(run: RunDir) -> list[dict]:
             "best_attempt": best.get("attempt_id"),
             "created": snap.created_at,
         })
-    return rows[::-1]
+    return rows[::-1] + _rolling_merge_rows(run)
+
+
+def _rolling_merge_rows(run: RunDir) -> list[dict]:
+    """Rolling cycles (k > 1) merge inside a round, between main-graph checkpoints: each merge is a branch point too,
+    named ``merge:<cycle id>`` (``ksearch branch DIR --at merge:c7``)."""
+    from .rolling import merge_points
+
+    store = run.store()
+    try:
+        points = merge_points(store)
+    finally:
+        store.close()
+    return [{"checkpoint": p["id"], "step": None, "node": "next_cycle", "next": ["select_plans"],
+             "iteration": p["state"]["iterations_done"], "best_score": (p["state"]["best"] or {}).get("score"),
+             "best_attempt": (p["state"]["best"] or {}).get("attempt_id"),
+             "created": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(p["created"]))} for p in points]
 
 
 def state_at(run: RunDir, checkpoint_id: str | None = None) -> dict:
@@ -124,14 +143,17 @@ def branch(src_dir: str | Path, checkpoint_id: str, into: str | Path, *, world_m
     """
     src = RunDir.open(src_dir)
     graph = build_search_graph(src.checkpointer())
-    snap = graph.get_state(src.graph_config(checkpoint_id))
-    values = dict(snap.values or {})
+    if checkpoint_id.startswith("merge:"):  # a rolling merge: the search state it committed, before the next plans
+        values, as_node, has_next = _values_at_merge(src, checkpoint_id), "update_world_model", True
+    else:
+        snap = graph.get_state(src.graph_config(checkpoint_id))
+        values, has_next = dict(snap.values or {}), bool(snap.next)
+        as_node = values.get("last_node")
     if not values:
         raise RunDirError(f"{src.path} has no checkpoint {checkpoint_id} (see `ksearch history {src.path}`)")
-    as_node = values.get("last_node")
     if not as_node:
         raise RunDirError("that checkpoint is the run's input; branch from a later one")
-    if not snap.next:
+    if not has_next:
         raise RunDirError("that checkpoint is the end of the run; branch from an earlier one "
                           "(or `ksearch resume DIR --iterations N` to continue it)")
     if world_model_file is not None:
@@ -153,6 +175,18 @@ def branch(src_dir: str | Path, checkpoint_id: str, into: str | Path, *, world_m
     # Sends, after select_plans) run from here, so the branch continues exactly from that point.
     build_search_graph(new.checkpointer()).update_state(new.graph_config(), values, as_node=as_node)
     return new
+
+
+def _values_at_merge(run: RunDir, merge_id: str) -> dict:
+    store = run.store()
+    try:
+        record = store.get_generation(merge_id)
+    finally:
+        store.close()
+    if record is None or "state" not in record:
+        return {}
+    return {**record["state"], "selected": [], "finished_cycles": [], "stop_reason": None,
+            "last_node": "update_world_model"}
 
 
 def _load_edited_world_model(path: str | Path, current: dict) -> dict:

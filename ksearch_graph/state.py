@@ -45,8 +45,10 @@ class CycleState(TypedDict, total=False):
     # Only the last and the best attempt live in state (the store has them all): a long cycle must
     # not make every checkpoint longer.
     n_attempts: int
+    steps: int  # code-generation steps (each makes `samples` attempts; equal to n_attempts with one sample)
     last: dict | None  # summary of the latest evaluated attempt
     pending: dict | None  # a generated, not yet evaluated attempt: {id, prompt_kind, source_hash, ...}
+    pending_samples: list[dict] | None  # with samples > 1: every sample of the step (pending is the first)
     cycle_best: dict | None  # best passing attempt summary of this cycle
     stagnation: int  # consecutive non-improving attempts
     feedback: str  # the reflection's words for the next attempt (failure log or performance summary)

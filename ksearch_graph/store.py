@@ -140,6 +140,13 @@ class RunStore:
         return json.loads(rows[0]["payload"]) if rows else None
 
     @_locked
+    def generations_with_prefix(self, prefix: str) -> list[dict]:
+        """Cached generations whose key starts with ``prefix``: [{"key", "payload", "created"}]."""
+        rows = self.db.query("select key, payload, created from generations where substr(key, 1, ?) = ?",
+                             [len(prefix), prefix])
+        return [{"key": r["key"], "payload": json.loads(r["payload"]), "created": r["created"]} for r in rows]
+
+    @_locked
     def put_generation(self, key: str, payload: dict) -> None:
         self.db["generations"].insert(
             {"key": key, "payload": json.dumps(payload), "created": time.time()}, replace=True
@@ -301,9 +308,10 @@ class RunStore:
 
 
 def _cycle_of_generation(key: str) -> str | None:
-    """The cycle a cached generation belongs to: 'c3.2:code' -> c3, 'update:c3:0' -> c3, 'init:0' -> None."""
+    """The cycle a cached generation belongs to: 'c3.2:code' -> c3, 'update:c3:0' -> c3, 'init:0' -> None
+    (rolling cycles: 'merge:c3' and 'round:c3' -> c3)."""
     head = key.split(":")
-    if head[0] == "update":
+    if head[0] in ("update", "merge", "round"):
         return head[1]
     if "." in head[0]:
         return head[0].split(".")[0]

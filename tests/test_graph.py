@@ -155,7 +155,7 @@ def test_dead_endpoint_pauses_and_resume_continues_exactly(tmp_path, scripted, s
 def test_parallel_cycles_are_merged_by_one_update(tmp_path, scripted, softmax_task):
     scripted.planner += [_init(), script([insert("n1", "after n1")]), script([insert("n2", "after n2")])]
     scripted.coder += [kernel_answer(softmax_task, BLOCK_N=b) for b in (128, 256, 512, 1024)]
-    run, ctx, events = _run(tmp_path, scripted, iterations=4, window=5, k=2)
+    run, ctx, events = _run(tmp_path, scripted, iterations=4, window=5, k=2, rolling_cycles=False)
     final = _drive(run, ctx, events)
     wm = WorldModel.from_state(final["world_model"])
     assert wm.nodes["n1"].kind == "closed" and wm.nodes["n2"].kind == "closed"

@@ -103,6 +103,7 @@ class SubprocessEvaluator:
         isolate_network: bool = True,
         reuse_reference_timings_s: float = 1800.0,
         prestart: bool | None = None,
+        env: dict[str, str] | None = None,
     ):
         if workloads not in ("feedback", "all"):
             raise ValueError(f"workloads must be 'feedback' or 'all', not {workloads!r}")
@@ -124,6 +125,8 @@ class SubprocessEvaluator:
         self.cache_dir = cache_dir or os.environ.get("KSEARCH_CACHE_DIR") or str(
             Path.home() / ".cache" / "ksearch_graph")
         self.isolate_network = isolate_network
+        # Set in the judge's environment over ours, e.g. CUDA_VISIBLE_DEVICES from an evaluation pool's slot.
+        self.env = dict(env or {})
         # The reference (and baseline) is timed once per session and GPU, then reused for this long: every candidate
         # of a search is compared with the same reference figure, and an evaluation saves its timing (1.6 s for
         # TriMul). 0 times it in every evaluation. Kept here, in the trusted parent, never in a file a candidate
@@ -309,9 +312,8 @@ class SubprocessEvaluator:
     def _job_workloads(self, task: Task) -> str:
         return ",".join(w.name for w in task.feedback_workloads()) if self.workloads == "feedback" else ""
 
-    @staticmethod
-    def _timings_slot(task: Task) -> tuple:
-        return task.root, os.environ.get("CUDA_VISIBLE_DEVICES")
+    def _timings_slot(self, task: Task) -> tuple:
+        return task.root, self.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     def _reusable_timings(self, slot: tuple) -> dict:
         with self._lock:
@@ -336,7 +338,7 @@ class SubprocessEvaluator:
                                       for name, entry in measured["workloads"].items()})
 
     def _child_env(self, root: Path) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in _SECRET_WORDS)}
+        env = {k: v for k, v in (os.environ | self.env).items() if not any(w in k.upper() for w in _SECRET_WORDS)}
         for var, sub in (("TMPDIR", "tmp"), ("TORCHINDUCTOR_CACHE_DIR", "inductor-cache")):
             (root / sub).mkdir()
             env[var] = str(root / sub)

@@ -6,6 +6,9 @@ checkpoint) is taken from there, never evaluated twice. Failures are results, ne
 A candidate that looks like a new global best is measured a second time and keeps the lower of the
 two scores (docs/method.md: no new best on one noisy measurement); one that fails the second run is
 treated as failed.
+
+The samples of a step (``samples`` > 1) are evaluated side by side, each on its own lease of the evaluator's pool;
+every one is recorded, and the best (passing, highest score; else the first) is the step's result.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ..evaluation import EvalResult, Status
 from ..events import AttemptEvent
 from ..state import CycleState
 from ..store import attempt_summary
-from ._common import emit
+from ._common import emit, side_by_side
 
 
 def _evaluate(ctx: SearchContext, files: dict[str, str], attempt_id: str) -> EvalResult:
@@ -88,19 +91,27 @@ def evaluate_once(
 
 def compile_and_bench(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
     ctx = search_context(runtime)
-    cycle, pending = state["cycle"], state["pending"]
+    cycle = state["cycle"]
+    samples = state.get("pending_samples") or [state["pending"]]
     cycle_best = state.get("cycle_best")
     bar = max(cycle["best_score_at_start"] or 0.0, cycle_best["score"] if cycle_best else 0.0)
-    row = evaluate_once(
-        ctx,
-        runtime,
-        attempt_id=pending["id"],
-        cycle_id=cycle["id"],
-        node_id=cycle["node_id"],
-        prompt_kind=pending["prompt_kind"],
-        pending=pending,
-        # Nothing to beat yet means nothing to confirm against.
-        confirm_above=bar * (1 + ctx.config.noise_margin) if ctx.config.confirm_new_best and bar > 0 else None,
-        best_before=bar,
-    )
-    return {"last": attempt_summary(row), "n_attempts": state.get("n_attempts", 0) + 1, "pending": None}
+
+    def bench(pending: dict) -> dict:
+        return evaluate_once(
+            ctx,
+            runtime,
+            attempt_id=pending["id"],
+            cycle_id=cycle["id"],
+            node_id=cycle["node_id"],
+            prompt_kind=pending["prompt_kind"],
+            pending=pending,
+            # Nothing to beat yet means nothing to confirm against.
+            confirm_above=bar * (1 + ctx.config.noise_margin) if ctx.config.confirm_new_best and bar > 0 else None,
+            best_before=bar,
+        )
+
+    rows = side_by_side(bench, samples)
+    passed = [r for r in rows if r["status"] == "passed"]
+    row = max(passed, key=lambda r: r["score"]) if passed else rows[0]
+    return {"last": attempt_summary(row), "n_attempts": state.get("n_attempts", 0) + len(rows), "pending": None,
+            "pending_samples": None}

@@ -4,6 +4,9 @@ Attempt 1 applies the action to the parent's code (or writes from the spec at th
 attempts use the *debug* prompt while nothing in the cycle has passed, and the *improve* prompt on the
 cycle's best code once something has (docs/method.md, "The loop", step 3). The code goes to the store; the state keeps
 its hash. The answer is cached under the attempt id, so a re-run after a crash reuses it.
+
+With ``samples`` N > 1 a step asks the same prompt N times at once (ids ``c3.2.1`` ... ``c3.2.N``, never more than
+the cycle's allowance leaves); compile_and_bench evaluates them side by side and keeps the best.
 """
 
 from __future__ import annotations
@@ -16,18 +19,33 @@ from ..agents import CodeRequest
 from ..context import SearchContext, search_context
 from ..events import CodegenEvent
 from ..state import CycleState
-from ._common import emit
+from ._common import emit, side_by_side
 
 
 def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
     ctx = search_context(runtime)
     cycle = state["cycle"]
     n_attempts = state.get("n_attempts", 0)
-    attempt_id = f"{cycle['id']}.{n_attempts + 1}"
+    step = state.get("steps", n_attempts) + 1
     best = state.get("cycle_best")
     kind = "first" if not n_attempts else ("improve" if best else "debug")
     last = state.get("last")
+    n = max(1, min(ctx.config.samples, cycle["allowance"] - n_attempts))
+    ids = [f"{cycle['id']}.{step}"] if ctx.config.samples == 1 else [f"{cycle['id']}.{step}.{j}" for j in range(1, n + 1)]
+    generated = side_by_side(lambda aid: _generate(ctx, runtime, state, aid, kind), ids)
+    pending = [{
+        "id": attempt_id,
+        "prompt_kind": kind,
+        "base_attempt_id": best["id"] if kind == "improve" else cycle["base_attempt_id"],
+        "parent_attempt_id": last["id"] if last else cycle["base_attempt_id"],
+        **cached,
+    } for attempt_id, cached in zip(ids, generated)]
+    return {"pending": pending[0], "pending_samples": pending if len(pending) > 1 else None, "steps": step}
 
+
+def _generate(ctx: SearchContext, runtime: Runtime[SearchContext], state: CycleState, attempt_id: str,
+              kind: str) -> dict:
+    cycle, best, last = state["cycle"], state.get("cycle_best"), state.get("last")
     cached = ctx.store.get_generation(f"{attempt_id}:code")
     if cached is None:
         if kind == "improve":
@@ -64,11 +82,4 @@ def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict
             "codegen_s": seconds,
         }
         ctx.store.put_generation(f"{attempt_id}:code", cached)
-    pending = {
-        "id": attempt_id,
-        "prompt_kind": kind,
-        "base_attempt_id": best["id"] if kind == "improve" else cycle["base_attempt_id"],
-        "parent_attempt_id": last["id"] if last else cycle["base_attempt_id"],
-        **cached,
-    }
-    return {"pending": pending}
+    return cached

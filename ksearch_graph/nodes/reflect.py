@@ -69,4 +69,6 @@ def reflect(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
 
 
 def continue_or_close(state: CycleState) -> str:
-    return END if state.get("stop") else "instantiate_code"
+    if not state.get("stop"):
+        return "instantiate_code"
+    return "next_cycle" if state["cycle"].get("round") else END

@@ -49,23 +49,39 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
     cycles = []
     for i, node_id in enumerate(picks):
         seq += 1
-        base = wm.code_parent(node_id).attachment
-        cycle = {
-            "id": _fresh_cycle_id(ctx, seq),
-            "node_id": node_id,
-            "action": wm.nodes[node_id].action.model_dump(mode="json"),
-            "allowance": share + (1 if i < extra else 0),
-            "base_attempt_id": base.attempt_id if base else None,
-            "base_source_hash": base.source_hash if base else None,
-            "base_score": base.score if base else None,
-            "best_score_at_start": best_score,
-            "iteration_base": done,
-        }
+        cycle = new_cycle(ctx, wm, node_id, seq, share + (1 if i < extra else 0), best_score, done)
         cycles.append(cycle)
         emit(runtime, CycleStartedEvent(cycle_id=cycle["id"], node_id=node_id,
                                         title=wm.nodes[node_id].action.title, allowance=cycle["allowance"]))
+    if rolling(ctx) and len(cycles) > 1:
+        from ..rolling import start_round
+
+        start_round(ctx, cycles, {**state, "world_model": wm.to_state(), "cycle_seq": seq})
     return {"selected": cycles, "cycle_seq": seq, "stop_reason": None, "world_model": wm.to_state(),
             "last_node": "select_plans"}
+
+
+def rolling(ctx: SearchContext) -> bool:
+    """Cycles side by side merge into the world model as each ends and its lane starts the next one (no barrier),
+    unless a person approves each plan."""
+    return ctx.config.parallel_cycles > 1 and ctx.config.rolling_cycles and not ctx.config.approve_plans
+
+
+def new_cycle(ctx: SearchContext, wm: WorldModel, node_id: str, seq: int, allowance: int, best_score: float,
+              done: int) -> dict:
+    """A cycle's launch payload (fixed for its life)."""
+    base = wm.code_parent(node_id).attachment
+    return {
+        "id": _fresh_cycle_id(ctx, seq),
+        "node_id": node_id,
+        "action": wm.nodes[node_id].action.model_dump(mode="json"),
+        "allowance": allowance,
+        "base_attempt_id": base.attempt_id if base else None,
+        "base_source_hash": base.source_hash if base else None,
+        "base_score": base.score if base else None,
+        "best_score_at_start": best_score,
+        "iteration_base": done,
+    }
 
 
 class PlanDecision(BaseModel):
@@ -127,7 +143,11 @@ def launch_cycles(state: SearchState):
     if state.get("stop_reason") or not state.get("selected"):
         return "finalize"
     return [
-        Send("action_cycle", {"cycle": c, "n_attempts": 0, "last": None, "pending": None, "cycle_best": None,
-                              "stagnation": 0, "stop": None, "feedback": ""})
+        Send("action_cycle", fresh_cycle_state(c))
         for c in state["selected"]
     ]
+
+
+def fresh_cycle_state(cycle: dict) -> dict:
+    return {"cycle": cycle, "n_attempts": 0, "steps": 0, "last": None, "pending": None, "pending_samples": None,
+            "cycle_best": None, "stagnation": 0, "stop": None, "feedback": ""}

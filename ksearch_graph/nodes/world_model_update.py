@@ -121,45 +121,22 @@ def _best_entry(row: dict, node_id: str) -> dict:
 
 def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
     ctx = search_context(runtime)
+    selected = state.get("selected", [])
+    if selected and selected[0].get("round"):  # rolling cycles merged themselves as they ended
+        from ..rolling import round_state
+
+        return {**round_state(ctx, selected[0]["round"]), "finished_cycles": CLEAR, "selected": [],
+                "last_node": "update_world_model"}
     wm = WorldModel.from_state(state["world_model"])
     best = state.get("best")
     iterations = state.get("iterations_done", 0)
     merged = list(state.get("merged_cycles", []))
     # In launch order, so parallel cycles merge deterministically.
-    order = {c["id"]: i for i, c in enumerate(state.get("selected", []))}
+    order = {c["id"]: i for i, c in enumerate(selected)}
     for result in sorted(state.get("finished_cycles", []), key=lambda r: order.get(r["cycle_id"], len(order))):
-        node_id, cycle_id = result["node_id"], result["cycle_id"]
         iterations += result["n_attempts"]
-        merged.append(cycle_id)
-        if node_id not in wm.nodes:  # pruned meanwhile by another cycle's update: keep the evidence only
-            emit(runtime, CycleOrphanedEvent(cycle_id=cycle_id, node_id=node_id))
-            continue
-        passed = result["best"] is not None
-        wm = record_visit(wm, node_id, failed=not passed)
-        evidence = _evidence(ctx, wm, result)
-        if passed:
-            b = result["best"]
-            wm = close_node(wm, node_id, Attachment(
-                attempt_id=b["id"], source_hash=b["source_hash"], status=b["status"],
-                score=b["score"], latency_us=b["latency_us"],
-            ))
-            if best is None or b["score"] > best["score"] * (1 + ctx.config.noise_margin):
-                best = _best_entry(b, node_id)
-                emit(runtime, NewBestEvent(attempt_id=b["id"], score=b["score"], latency_us=b["latency_us"]))
-            ask = lambda errs, wm=wm, ev=evidence: ctx.planner.after_cycle(ctx.task, wm, ev, errors=errs)
-            reason = f"update after {cycle_id}"
-        else:
-            ask = lambda errs, wm=wm, ev=evidence: ctx.planner.too_hard(ctx.task, wm, ev, errors=errs)
-            reason = f"too-hard update after {cycle_id}"
-        new_wm, errors = _edit_with_retries(
-            ctx, f"update:{cycle_id}", ask, lambda s, wm=wm: apply_edits(wm, s, reflect_on=node_id)
-        )
-        if new_wm is None:
-            emit(runtime, EditRejectedEvent(cycle_id=cycle_id, errors=errors))
-            new_wm = ensure_continuation(wm, node_id) if passed else wm
-        wm = new_wm
-        ctx.store.snapshot_world_model(wm.to_state(), iteration=iterations, reason=reason)
-        emit(runtime, WorldModelEvent(phase=reason, nodes=len(wm.nodes), frontier=len(wm.frontier())))
+        merged.append(result["cycle_id"])
+        wm, best = merge_cycle(ctx, runtime, wm, best, result, iterations=iterations)
     return {
         "world_model": wm.to_state(),
         "finished_cycles": CLEAR,
@@ -169,6 +146,44 @@ def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> d
         "best": best,
         "last_node": "update_world_model",
     }
+
+
+def merge_cycle(ctx: SearchContext, runtime: Runtime[SearchContext] | None, wm: WorldModel, best: dict | None,
+                result: dict, *, iterations: int) -> tuple[WorldModel, dict | None]:
+    """One finished cycle into the world model: visit, close on success, the planner's (cached) edit.
+    ``runtime`` None: quiet (no events, no snapshot), to get the planner's answer into the cache ahead."""
+    node_id, cycle_id = result["node_id"], result["cycle_id"]
+    say = (lambda event: emit(runtime, event)) if runtime is not None else (lambda event: None)
+    if node_id not in wm.nodes:  # pruned meanwhile by another cycle's update: keep the evidence only
+        say(CycleOrphanedEvent(cycle_id=cycle_id, node_id=node_id))
+        return wm, best
+    passed = result["best"] is not None
+    wm = record_visit(wm, node_id, failed=not passed)
+    evidence = _evidence(ctx, wm, result)
+    if passed:
+        b = result["best"]
+        wm = close_node(wm, node_id, Attachment(
+            attempt_id=b["id"], source_hash=b["source_hash"], status=b["status"],
+            score=b["score"], latency_us=b["latency_us"],
+        ))
+        if best is None or b["score"] > best["score"] * (1 + ctx.config.noise_margin):
+            best = _best_entry(b, node_id)
+            say(NewBestEvent(attempt_id=b["id"], score=b["score"], latency_us=b["latency_us"]))
+        ask = lambda errs, wm=wm, ev=evidence: ctx.planner.after_cycle(ctx.task, wm, ev, errors=errs)
+        reason = f"update after {cycle_id}"
+    else:
+        ask = lambda errs, wm=wm, ev=evidence: ctx.planner.too_hard(ctx.task, wm, ev, errors=errs)
+        reason = f"too-hard update after {cycle_id}"
+    new_wm, errors = _edit_with_retries(
+        ctx, f"update:{cycle_id}", ask, lambda s, wm=wm: apply_edits(wm, s, reflect_on=node_id)
+    )
+    if new_wm is None:
+        say(EditRejectedEvent(cycle_id=cycle_id, errors=errors))
+        new_wm = ensure_continuation(wm, node_id) if passed else wm
+    if runtime is not None:
+        ctx.store.snapshot_world_model(new_wm.to_state(), iteration=iterations, reason=reason)
+        say(WorldModelEvent(phase=reason, nodes=len(new_wm.nodes), frontier=len(new_wm.frontier())))
+    return new_wm, best
 
 
 def _evidence(ctx: SearchContext, wm: WorldModel, result: dict) -> Evidence:

@@ -1,0 +1,192 @@
+"""A campaign: one search per task, side by side, on one shared evaluation pool and one shared token and cost budget.
+
+    DIR/campaign.json     the tasks, the settings, the shared budget, each task's run directory
+    DIR/<task>/           an ordinary run directory (``ksearch resume DIR/<task>`` continues that search alone)
+    DIR/campaign.md       the report: best per task, speed-up, iterations, tokens, cost, links to each run's report
+
+Running the same command again (or ``ksearch campaign --runs-dir DIR``) resumes every unfinished search. The shared
+budget: every search may spend what the others have not; each search's own cap is moved to its spending plus what
+is left of the campaign's, every second, so the searches stop together when it is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .config import SearchConfig
+from .run_dir import RunDir, RunDirError
+from .task import load_task
+
+CAMPAIGN_FILE = "campaign.json"
+
+
+@dataclass
+class Campaign:
+    path: Path
+    runs: dict[str, str]  # task name -> run directory, relative to the campaign
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    results: dict[str, dict] = field(default_factory=dict)
+
+    @classmethod
+    def create_or_open(cls, path: Path, tasks: list[str], config: SearchConfig,
+                       task_folder: Callable[[str], AbstractContextManager[Path]]) -> "Campaign":
+        manifest = path / CAMPAIGN_FILE
+        if manifest.is_file():
+            data = json.loads(manifest.read_text())
+            campaign = cls(path, data["runs"], data.get("max_tokens"), data.get("max_cost_usd"))
+            if tasks:
+                names = set()
+                for t in tasks:
+                    with task_folder(t) as folder:
+                        names.add(load_task(folder).name)
+                if names != set(campaign.runs):
+                    raise RunDirError(f"{path} is a campaign over {', '.join(sorted(campaign.runs))}; resume it "
+                                      f"without tasks (ksearch campaign --runs-dir {path}) or use another --runs-dir")
+            return campaign
+        if not tasks:
+            raise RunDirError(f"{path} holds no campaign; name the tasks: ksearch campaign TASK... --runs-dir {path}")
+        path.mkdir(parents=True, exist_ok=True)
+        runs: dict[str, str] = {}
+        for t in tasks:
+            with task_folder(t) as folder:
+                task = load_task(folder)
+                name = task.name
+                if config.planner == "offline" and task.spec.template is None:
+                    raise RunDirError(f"task {name} has no kernel template, so the offline (no-LLM) planner cannot "
+                                      "search it; search it with an LLM: --model M [--base-url URL]")
+                if name in runs:
+                    raise RunDirError(f"task {name} is named twice")
+                per_run = config.model_copy(deep=True)
+                per_run.budget.max_tokens = per_run.budget.max_cost_usd = None  # shared; set while running
+                RunDir.create(path / name, folder, per_run)
+                runs[name] = name
+        campaign = cls(path, runs, config.budget.max_tokens, config.budget.max_cost_usd)
+        campaign.save()
+        return campaign
+
+    def save(self) -> None:
+        data = {"format": 1, "runs": self.runs, "max_tokens": self.max_tokens, "max_cost_usd": self.max_cost_usd}
+        tmp = self.path / (CAMPAIGN_FILE + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(self.path / CAMPAIGN_FILE)
+
+    def run(self, evaluator, *, quiet: bool = False, table_every_s: float = 10.0) -> int:
+        """Drive every unfinished search at once on ``evaluator``; returns how many failed."""
+        from .context import make_context
+        from .search import drive, has_started, is_finished
+
+        contexts, threads, failures = {}, [], {}
+        for name, rel in self.runs.items():
+            run = RunDir.open(self.path / rel)
+            if is_finished(run):
+                continue
+            ctx = make_context(run, evaluator=evaluator)
+            contexts[name] = ctx
+
+            def work(run=run, ctx=ctx, name=name):
+                try:
+                    drive(run, ctx, fresh=not has_started(run))
+                except Exception as e:  # one search's failure must not stop the others; it stays resumable
+                    failures[name] = f"{type(e).__name__}: {e}"
+                    ctx.store.set_meta("status", "paused")
+            threads.append(threading.Thread(target=work, name=f"campaign-{name}", daemon=True))
+        # The pool is shared: a search's drive() must not close it when it ends.
+        close = getattr(evaluator, "close", None)
+        if close is not None:
+            evaluator.close = lambda: None
+        for t in threads:
+            t.start()
+        last_table = 0.0
+        while any(t.is_alive() for t in threads):
+            self._share_budget(contexts)
+            if not quiet and time.monotonic() - last_table >= table_every_s:
+                print(self.table(), flush=True)
+                last_table = time.monotonic()
+            time.sleep(1.0)
+        if close is not None:
+            close()
+        for name, error in failures.items():
+            print(f"ksearch campaign: {name} stopped: {error}\n  resume it: ksearch resume {self.path / name}",
+                  file=sys.stderr)
+        return len(failures)
+
+    def _share_budget(self, contexts: dict) -> None:
+        if self.max_tokens is None and self.max_cost_usd is None:
+            return
+        spent = {name: ctx.store.token_totals() for name, ctx in contexts.items()}
+        spent_before = self._spent_by_finished(set(contexts))
+        all_tokens = sum(s["total_tokens"] for s in spent.values()) + spent_before["total_tokens"]
+        all_cost = sum(s["cost_usd"] for s in spent.values()) + spent_before["cost_usd"]
+        for name, ctx in contexts.items():
+            budget = ctx.config.budget
+            if self.max_tokens is not None:
+                budget.max_tokens = max(1, spent[name]["total_tokens"] + self.max_tokens - all_tokens)
+            if self.max_cost_usd is not None:
+                budget.max_cost_usd = max(1e-9, spent[name]["cost_usd"] + self.max_cost_usd - all_cost)
+
+    def _spent_by_finished(self, running: set[str]) -> dict:
+        total = {"total_tokens": 0, "cost_usd": 0.0}
+        for name, rel in self.runs.items():
+            if name in running:
+                continue
+            store = RunDir.open(self.path / rel).store()
+            try:
+                t = store.token_totals()
+            finally:
+                store.close()
+            total["total_tokens"] += t["total_tokens"]
+            total["cost_usd"] += t["cost_usd"]
+        return total
+
+    def rows(self) -> list[dict]:
+        from .search import summary
+
+        rows = []
+        for name, rel in self.runs.items():
+            info = summary(RunDir.open(self.path / rel))
+            best = info["best"] or {}
+            rows.append({"task": name, "run_dir": rel, "status": info["status"],
+                         "iterations": info["iterations_done"], "budget": info["iteration_budget"],
+                         "best_attempt": best.get("attempt_id"), "speedup": best.get("score"),
+                         "latency_us": best.get("latency_us"), "tokens": info["tokens"]["total_tokens"],
+                         "cost_usd": info["tokens"]["cost_usd"]})
+        return rows
+
+    def table(self) -> str:
+        lines = [f"{'task':<40} {'status':<11} {'iter':>9} {'best':>10} {'tokens':>9} {'cost':>8}"]
+        for r in self.rows():
+            best = f"{r['speedup']:.4g}x" if r["speedup"] is not None else "-"
+            lines.append(f"{r['task'][:40]:<40} {r['status']:<11} {r['iterations']:>4}/{r['budget']:<4} {best:>10} "
+                         f"{r['tokens']:>9} ${r['cost_usd']:>7.2f}")
+        return "\n".join(lines)
+
+    def write_report(self) -> Path:
+        """campaign.md: best per task, speed-up, tokens, cost, and each run's own report (written here too)."""
+        from .report import write_report
+
+        rows = self.rows()
+        lines = ["# Campaign report", "", "| task | status | iterations | best attempt | speed-up vs reference | "
+                 "latency (us) | tokens | cost | run report |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            write_report(self.path / r["run_dir"], None)
+            link = f"{r['run_dir']}/report/report.html"
+            speedup = f"{r['speedup']:.4g}x" if r["speedup"] is not None else "-"
+            latency = f"{r['latency_us']:.4g}" if r["latency_us"] else "-"
+            lines.append(f"| {r['task']} | {r['status']} | {r['iterations']}/{r['budget']} | "
+                         f"{r['best_attempt'] or '-'} | {speedup} | {latency} | {r['tokens']} | "
+                         f"${r['cost_usd']:.2f} | [{link}]({link}) |")
+        lines += ["", f"Tokens, all searches: {sum(r['tokens'] for r in rows)}"
+                  + (f" of {self.max_tokens}" if self.max_tokens else "")
+                  + f"; cost ${sum(r['cost_usd'] for r in rows):.2f}"
+                  + (f" of ${self.max_cost_usd:.2f}" if self.max_cost_usd else "") + "."]
+        out = self.path / "campaign.md"
+        out.write_text("\n".join(lines) + "\n")
+        return out

@@ -1,0 +1,45 @@
+"""Which evaluator a search gets: the local pool (default) or a Ray pool, from the command line's pool options.
+
+Pool options belong to the machine a search runs on, not to the search: they are not saved in run.json, and a
+resumed run may use another pool (a search compares scores within one GPU model; see pool.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import SearchConfig
+from ..evaluation import Evaluator
+from .client import SubprocessEvaluator, gpu_driver_present
+from ..task import Task
+
+
+@dataclass
+class PoolOptions:
+    gpus: str | None = None  # "0,1,3"; None: every visible GPU
+    cpu_slots: int | None = None  # without a GPU; None: default_cpu_slots()
+    ray: bool = False
+    ray_address: str | None = None  # "auto" | "ray://HOST:PORT"; None with ray: a local Ray
+    gpu_model: str | None = None  # Ray: the accelerator type to run on (a mixed cluster needs it)
+
+
+def evaluator_settings(config: SearchConfig) -> dict:
+    """SubprocessEvaluator's settings for a search (the same on a Ray worker)."""
+    budget = config.timing_budget_s or (1.0 if gpu_driver_present() else 0.25)
+    return {"timeout_s": config.eval_timeout_s, "time_budget_s": budget}
+
+
+def make_pool(options: PoolOptions, config: SearchConfig, task: Task | None = None) -> Evaluator:
+    settings = evaluator_settings(config)
+    if options.ray or options.ray_address:
+        from .ray_pool import RayPool
+
+        return RayPool.connect(options.ray_address, settings=settings, gpu_model=options.gpu_model,
+                               cpu_slots=options.cpu_slots)
+    from .pool import local_pool
+
+    pool = local_pool(lambda env: SubprocessEvaluator(**settings, env=env), gpus=options.gpus,
+                      cpu_slots=options.cpu_slots)
+    # On a GPU host: the first evaluations' torch imports and reference timings overlap the first LLM turns.
+    pool.start_ahead(task)
+    return pool

@@ -1,0 +1,136 @@
+"""Rolling cycles: k lanes that never wait for each other.
+
+A round starts k cycles (``select_plans``). In rounds mode the world model is updated once all k have ended, so a
+lane whose cycle ended early idles until the slowest ends. Here each lane, when its cycle ends, merges the result
+into the round's live search state (the world model, the best, the counters) and claims the next plan at once; the
+round ends when every lane has found nothing more to do (budget spent, caps hit, no open action that another lane
+is not already on).
+
+The live state is shared by the lanes' threads under one lock, and every merge is written to the store as one
+record, ``merge:<cycle id>`` (the state after the merge, and the cycle the lane claimed next), before the lane moves
+on. That record is the commit: a lane re-run after a crash finds it and continues with the same next cycle, so no
+merge happens twice and no claimed cycle is lost. The planner's answer is asked outside the lock (on the state as it
+was) and cached under its usual key; the merge under the lock replays it on the state as it is now.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+
+from langgraph.runtime import Runtime
+
+from .context import SearchContext
+from .policy import select_actions
+from .world_model import WorldModel
+
+STATE_KEYS = ("world_model", "best", "iterations_done", "merged_cycles", "cycle_seq")
+
+_rounds: dict[tuple[str, str], "RollingRound"] = {}
+_rounds_lock = threading.Lock()
+
+
+class RollingRound:
+    def __init__(self, round_id: str, record: dict):
+        self.round_id = round_id
+        self.record = record  # the latest commit: {"round", "seq", "state", "active", ...}
+        self.lock = threading.Lock()
+
+    def merge_and_claim(self, ctx: SearchContext, runtime: Runtime[SearchContext], result: dict) -> dict:
+        """Merge a finished cycle and claim its lane's next cycle, once. Returns the commit record."""
+        from .nodes.world_model_update import merge_cycle
+
+        key = f"merge:{result['cycle_id']}"
+        done = ctx.store.get_generation(key)
+        if done is not None:
+            return done
+        with self.lock:
+            before = copy.deepcopy(self.record["state"])
+        merge_cycle(ctx, None, WorldModel.from_state(before["world_model"]), before["best"], result,
+                    iterations=before["iterations_done"])  # the planner's answer, outside the lock
+        with self.lock:
+            state = self.record["state"]
+            iterations = state["iterations_done"] + result["n_attempts"]
+            wm, best = merge_cycle(ctx, runtime, WorldModel.from_state(state["world_model"]), state["best"], result,
+                                   iterations=iterations)
+            active = {cid: c for cid, c in self.record["active"].items() if cid != result["cycle_id"]}
+            after = {"world_model": wm.to_state(), "best": best, "iterations_done": iterations,
+                     "merged_cycles": state["merged_cycles"] + [result["cycle_id"]], "cycle_seq": state["cycle_seq"]}
+            nxt, why_not = _claim(ctx, wm, after, active, self.round_id)
+            if nxt is not None:
+                after["cycle_seq"] += 1
+                active[nxt["id"]] = {"node_id": nxt["node_id"], "allowance": nxt["allowance"]}
+            record = {"round": self.round_id, "seq": self.record["seq"] + 1, "cycle": result["cycle_id"],
+                      "state": after, "active": active, "next": nxt, "lane_end": why_not}
+            ctx.store.put_generation(key, record)
+            self.record = record
+        return record
+
+
+def _claim(ctx: SearchContext, wm: WorldModel, state: dict, active: dict, round_id: str) -> tuple[dict | None, str | None]:
+    """The lane's next cycle: the best open action no other lane is on, with a share of the unclaimed budget."""
+    from .nodes.select_plans import new_cycle
+
+    budget = ctx.config.budget.iterations
+    unclaimed = budget - state["iterations_done"] - sum(c["allowance"] for c in active.values())
+    stop = ctx.cap_stop_reason()
+    if stop is not None:
+        return None, stop
+    if unclaimed <= 0:
+        return None, "the iteration budget is spent or claimed by the other lanes"
+    picks = select_actions(wm, 1, policy=ctx.config.policy, difficulty_cap=ctx.config.difficulty_cap,
+                           exclude={c["node_id"] for c in active.values()})
+    if not picks:
+        return None, "no open action that another lane is not on"
+    allowance = max(1, math.ceil(unclaimed / ctx.config.parallel_cycles))
+    best_score = (state["best"] or {}).get("score", 0.0)
+    cycle = new_cycle(ctx, wm, picks[0], state["cycle_seq"] + 1, allowance, best_score, state["iterations_done"])
+    return cycle | {"round": round_id}, None
+
+
+def start_round(ctx: SearchContext, cycles: list[dict], state: dict) -> None:
+    """Mark the launched cycles as one rolling round and write its starting state (``round:<id>``)."""
+    round_id = cycles[0]["id"]
+    for c in cycles:
+        c["round"] = round_id
+    record = {"round": round_id, "seq": 0, "state": {k: state.get(k) for k in STATE_KEYS},
+              "active": {c["id"]: {"node_id": c["node_id"], "allowance": c["allowance"]} for c in cycles}}
+    record["state"]["merged_cycles"] = list(record["state"]["merged_cycles"] or [])
+    record["state"]["iterations_done"] = record["state"]["iterations_done"] or 0
+    ctx.store.put_generation(f"round:{round_id}", record)
+    with _rounds_lock:
+        _rounds.pop((str(ctx.store.path), round_id), None)
+
+
+def live_round(ctx: SearchContext, round_id: str) -> RollingRound:
+    """The round's shared live state: in memory while this process runs it, else rebuilt from its latest commit."""
+    key = (str(ctx.store.path), round_id)
+    with _rounds_lock:
+        if key not in _rounds:
+            _rounds[key] = RollingRound(round_id, latest_record(ctx.store, round_id))
+        return _rounds[key]
+
+
+def latest_record(store, round_id: str) -> dict:
+    records = [r for r in store.generations_with_prefix("merge:") if r["payload"].get("round") == round_id]
+    if records:
+        return max(records, key=lambda r: r["payload"]["seq"])["payload"]
+    start = store.get_generation(f"round:{round_id}")
+    if start is None:
+        raise RuntimeError(f"rolling round {round_id} has no record in the store")
+    return start
+
+
+def round_state(ctx: SearchContext, round_id: str) -> dict:
+    """The search state a finished round leaves (for the main graph's update_world_model)."""
+    with _rounds_lock:
+        _rounds.pop((str(ctx.store.path), round_id), None)
+    return copy.deepcopy(latest_record(ctx.store, round_id)["state"])
+
+
+def merge_points(store) -> list[dict]:
+    """Every rolling merge of the run, oldest first: {"id": "merge:c7", "state": ..., "created": ...}."""
+    rows = store.generations_with_prefix("merge:")
+    return sorted(({"id": r["key"], "state": r["payload"]["state"], "created": r["created"]} for r in rows),
+                  key=lambda r: r["created"])

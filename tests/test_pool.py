@@ -1,0 +1,137 @@
+"""The local evaluation pool and rolling cycles: real evaluations (the Triton interpreter on CPU slots), the real CLI.
+
+- the pool runs evaluations at once on different slots, and never two on one slot;
+- a search with k lanes on the pool, killed with SIGKILL while evaluations are in flight, then resumed: every
+  attempt is recorded once, every cycle merged once, the budget spent exactly; a branch from a rolling merge point
+  starts from that merge's state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import pytest
+from conftest import REPO, SOFTMAX, kernel_answer, run_cli
+from ksearch_graph.harness.client import SubprocessEvaluator
+from ksearch_graph.harness.pool import local_pool
+
+
+def _kernel(task, **params) -> dict[str, str]:
+    return {"kernel.py": re.search(r"```python\n(.*)```", kernel_answer(task, **params), re.S).group(1)}
+
+
+def test_pool_overlaps_evaluations_and_never_a_slot_with_itself(softmax_task):
+    pool = local_pool(lambda env: SubprocessEvaluator(timeout_s=120, time_budget_s=0.05, env=env), cpu_slots=2)
+    assert [s.name for s in pool.slots] == ["cpu0", "cpu1"] and pool.model == "cpu"
+    results = {}
+
+    def one(i: int) -> None:
+        results[i] = pool.evaluate(softmax_task, _kernel(softmax_task, BLOCK_N=256 << (i % 2)), attempt_id=f"a{i}")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.passed for r in results.values()), [r.log_excerpt for r in results.values()]
+    assert {r.environment["pool_slot"] for r in results.values()} == {"cpu0", "cpu1"}
+    assert all(r.environment["gpu_model"] == "cpu" for r in results.values())
+    intervals = pool.intervals
+    assert sorted(i.attempt_id for i in intervals) == ["a0", "a1", "a2", "a3"]
+    for a in intervals:
+        for b in intervals:
+            if a is not b and a.slot == b.slot:
+                assert a.end <= b.start or b.end <= a.start, "a slot was lent twice at once"
+    assert any(a.slot != b.slot and a.start < b.end and b.start < a.end for a in intervals for b in intervals), \
+        "no two evaluations ran at the same time"
+    assert 0.5 < pool.utilisation(min(i.start for i in intervals), max(i.end for i in intervals)) <= 1.0
+
+
+def test_pool_options_are_checked(tmp_path):
+    proc = run_cli("run", str(SOFTMAX), "--offline", "--iterations", "1", "--gpus", "0",
+                   "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "no visible GPU 0" in proc.stderr, proc.stderr
+    proc = run_cli("run", str(SOFTMAX), "--offline", "--iterations", "1", "--gpus", "0,x",
+                   "--run-dir", str(tmp_path / "r2"))
+    assert proc.returncode == 2 and "distinct GPU indices" in proc.stderr, proc.stderr
+
+
+def _judges_of(pid: int) -> list[int]:
+    """Evaluation judge processes that ``pid`` started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"_evaluate_child.py" in cmd:
+            found.append(int(entry))
+    return found
+
+
+def _store_rows(run_dir, sql):
+    with sqlite3.connect(str(run_dir / "store.sqlite")) as db:
+        try:
+            return db.execute(sql).fetchall()
+        except sqlite3.OperationalError:  # the store's tables are not created yet
+            return [(0,)]
+
+
+@pytest.mark.slow
+def test_rolling_lanes_on_the_pool_survive_kill9_and_branch_from_a_merge(tmp_path):
+    run_dir, iterations = tmp_path / "run", 8
+    cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations",
+           str(iterations), "-k", "3", "--samples", "2", "--cpu-slots", "2", "--stagnation-window", "2",
+           "--run-dir", str(run_dir)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("OPENAI_API_KEY", None)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline, killed_in_flight = time.monotonic() + 300, 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        merged = (run_dir / "store.sqlite").exists() and _store_rows(
+            run_dir, "select count(*) from generations where key like 'merge:%'")[0][0]
+        judges = _judges_of(proc.pid)
+        if merged and judges:  # a lane has merged, and an evaluation is running right now
+            proc.send_signal(signal.SIGKILL)
+            killed_in_flight = len(judges)
+            break
+        time.sleep(0.1)
+    proc.wait()
+    assert killed_in_flight, "the search ended before it could be killed mid-evaluation:\n" + proc.stdout.read()
+    before = {r[0] for r in _store_rows(run_dir, "select id from attempts")}
+
+    resumed = run_cli("resume", str(run_dir), "--cpu-slots", "2", check=True)
+    assert "iteration budget spent" in resumed.stdout
+
+    attempts = [r[0] for r in _store_rows(run_dir, "select id from attempts where prompt_kind != 'seed'")]
+    assert len(attempts) == iterations and len(set(attempts)) == iterations and before <= set(attempts) | {"seed"}
+    events = [json.loads(r[0])["attempt_id"] for r in _store_rows(run_dir, "select data from events where kind = 'attempt'")]
+    assert sorted(Counter(events).values()) == [1] * len(events), "an attempt was reported twice"
+    cycles = {r[0] for r in _store_rows(run_dir, "select distinct cycle_id from attempts where prompt_kind != 'seed'")}
+    merges = [r[0] for r in _store_rows(run_dir, "select key from generations where key like 'merge:%'")]
+    assert sorted(merges) == sorted(f"merge:{c}" for c in cycles), "a cycle was not merged exactly once"
+    show = json.loads(run_cli("show", str(run_dir), "--json", check=True).stdout)
+    assert show["iterations_done"] == iterations and show["status"] == "finished"
+
+    # A branch from the first rolling merge starts from the state that merge committed.
+    rows = json.loads(run_cli("history", str(run_dir), "--json", check=True).stdout)
+    first = next(r for r in rows if r["checkpoint"].startswith("merge:"))
+    run_cli("branch", str(run_dir), "--at", first["checkpoint"], "--into", str(tmp_path / "b"), check=True)
+    kept = {r[0] for r in _store_rows(tmp_path / "b", "select distinct cycle_id from attempts")}
+    assert kept == {"seed", first["checkpoint"].split(":")[1]}
+    branched = json.loads(run_cli("show", str(tmp_path / "b"), "--json", check=True).stdout)
+    assert branched["iterations_done"] == first["iteration"]
