@@ -32,7 +32,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 # Exponential backoff never waits longer than this between two attempts.
 _BACKOFF_CAP_S = 60.0
@@ -44,12 +44,12 @@ class LLMSettings(BaseModel):
     # Name of the environment variable holding the key; the key itself never enters settings
     # (settings are checkpointed and logged).
     api_key_env: str = "OPENAI_API_KEY"
-    temperature: float | None = None
-    max_tokens: int | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    max_tokens: int | None = Field(None, ge=1)
     structured_method: Literal["json_schema", "function_calling", "json_mode", "raw"] = "json_schema"
     timeout_s: float = 300
-    max_retries: int = 5  # transient API errors (connection, timeout, 429, 5xx)
-    backoff_s: float = 2.0  # first retry delay; doubles per attempt, capped, with jitter
+    max_retries: int = Field(5, ge=0, description="retries of a failed API call before pausing the run")
+    backoff_s: float = Field(2.0, ge=0, description="first retry delay in seconds (doubles each time)")
     max_repairs: int = 2  # re-asks after an answer that is not valid JSON or fails validation
     price_prompt_per_mtok: float = 0
     price_completion_per_mtok: float = 0
