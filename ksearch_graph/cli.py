@@ -228,7 +228,7 @@ def _show_question(q: dict) -> None:
 def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None) -> int:
     from .llm import EndpointUnavailable, LLMConfigError
     from .nodes.world_model_update import PlannerFailed
-    from .progress import ProgressPrinter
+    from .progress import ProgressPrinter, show_llm_heartbeats
     from .search import drive, make_context, pending_question
 
     ctx = make_context(run)
@@ -236,6 +236,8 @@ def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None 
           f"planner: {run.config.planner_llm.model}  coder: {run.config.coder_llm.model}"
           + (f"  endpoint: {run.config.planner_llm.base_url}" if run.config.planner_llm.base_url else ""))
     printer = None if quiet else ProgressPrinter(ctx.store, run.config.budget.iterations)
+    if not quiet:
+        show_llm_heartbeats()
     started = time.monotonic()
     try:
         with _exit_on_interrupt(run):

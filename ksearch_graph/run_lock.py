@@ -34,7 +34,7 @@ class RunLock:
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
-            raise RunLocked(f"{self.path.parent} is being written by another ksearch process ({holder}); "
+            raise RunLocked(f"{self.path.parent} is being written by another process ({holder}); "
                             "wait for it to finish or stop it (Ctrl-C); `ksearch show` works meanwhile") from None
         self._fd = fd
         _write_holder(fd)
@@ -54,12 +54,17 @@ class RunLock:
 
 def _write_holder(fd: int) -> None:
     info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join(["ksearch", *sys.argv[1:]])[:200]}
+            "command": " ".join([_program(), *sys.argv[1:]])[:200]}
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
     except OSError:
         pass  # a full disk: the lock holds anyway, only the holder's description is missing
+
+
+def _program() -> str:
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return "ksearch" if "ksearch" in (sys.argv[0] if sys.argv else "") else name
 
 
 def _read_holder(fd: int) -> str:

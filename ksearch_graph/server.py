@@ -45,10 +45,11 @@ def context_for(ctx: ServerRunContext | dict) -> SearchContext:
         if key not in _contexts:
             from ksearch_graph.search import make_context
 
+            # The server process is the run directory's one writer while it serves it (run_lock.py).
             if (Path(key) / RUN_FILE).exists():
-                run = RunDir.open(key)
+                run = RunDir.open(key, writer=True)
             else:
-                run = RunDir.create(key, ctx.task, SearchConfig.model_validate(ctx.options))
+                run = RunDir.create(key, ctx.task, SearchConfig.model_validate(ctx.options), writer=True)
             _contexts[key] = make_context(run)
         return _contexts[key]
 
