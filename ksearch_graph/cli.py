@@ -410,15 +410,14 @@ def cmd_recover(args) -> int:
 
     r = recover(args.run_dir)
     if r.restored_manifest:
-        print(f"run.json restored from the copy in store.sqlite")
-    if not r.rebuilt and not r.kept_aside:
-        print(f"{r.run.path}: nothing to recover, the run directory is sound" if not r.restored_manifest else "")
-        return 0
-    if r.rebuilt:
+        print("run.json restored from the copy in store.sqlite")
+    if r.sound:
+        print(f"{r.run.path}: the checkpoints are sound, nothing else to recover")
+    elif r.rebuilt:
         print(f"checkpoints rebuilt from store.sqlite: {r.attempts} evaluated attempts kept; world model after "
               f"{r.world_model_from}; cycles merged: {', '.join(r.merged_cycles) or '-'}"
               + (f"; closed at their last evaluated attempt: {', '.join(r.closed_cycles)}" if r.closed_cycles else ""))
-    elif r.kept_aside:
+    else:
         print("store.sqlite holds no world model yet: the run starts again (the seed's measurement and the "
               "planner's first answer are reused)")
     if r.kept_aside:

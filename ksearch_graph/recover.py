@@ -31,6 +31,7 @@ class Recovery:
     run: RunDir
     kept_aside: list[str] = field(default_factory=list)
     restored_manifest: bool = False
+    sound: bool = False  # the checkpoints needed nothing
     rebuilt: bool = False  # a checkpoint was seeded from the store
     attempts: int = 0
     merged_cycles: list[str] = field(default_factory=list)
@@ -53,10 +54,10 @@ def recover(path: str | Path) -> Recovery:
     out = Recovery(run=run, restored_manifest=restored)
     try:
         check_for_writing(run)
-        healthy = True
+        out.sound = True
     except DamagedRun:
-        healthy = False
-    if healthy:
+        pass
+    if out.sound:
         out.kept_aside = [str(p) for p in aside.glob("*")]
         return out
     for name in ("checkpoints.sqlite", "checkpoints.sqlite-wal", "checkpoints.sqlite-shm"):

@@ -123,7 +123,7 @@ def kills(work: Path, count: int, rng: random.Random) -> list[Outcome]:
     seen: list[tuple[str, set[str]]] = []
     for i in range(count):
         proc = start(*args)
-        moment = rng.uniform(3.0, 14.0)
+        moment = rng.uniform(3.0, 30.0)
         try:
             proc.wait(timeout=moment)
         except subprocess.TimeoutExpired:
@@ -197,7 +197,11 @@ def two_writers(work: Path, base: Path) -> Outcome:
     while not lock_held(run) and time.time() < deadline:
         time.sleep(0.1)
     second = ksearch("resume", str(run), "--quiet")
+    reader = ksearch("show", str(run), "--json")  # readers work during a run
     first.wait(timeout=900)
+    if reader.returncode != 0:
+        return Outcome("two writers at once", "FAILED", note=f"show during the run exited {reader.returncode}: "
+                                                                f"{reader.stderr.strip()[-200:]}")
     if second.returncode != 2 or "another process" not in second.stderr:
         return Outcome("two writers at once", "FAILED", note=f"second writer exited {second.returncode}: "
                                                                 f"{second.stderr.strip()[-200:]}")
