@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import struct
 from pathlib import Path
 
 from .run_dir import RunDir, RunDirError
@@ -22,8 +23,44 @@ class DamagedRun(RunDirError):
     """The run directory cannot be continued as it is; the message says what was found and what to do."""
 
 
-def quick_check(path: Path) -> str | None:
-    """None when the SQLite file is sound, else what SQLite says is wrong with it."""
+def quick_check(path: Path, *, writer: bool = False) -> str | None:
+    """None when the SQLite file is sound, else what SQLite says is wrong with it.
+
+    ``writer`` (the caller holds the run's lock): a shared-memory index (``-shm``) that no longer matches its
+    WAL file (a WAL lost or cut after a crash) reads as an I/O error; it holds no data, so it is dropped and
+    the file checked again, SQLite rebuilding the index from what the WAL really holds.
+    """
+    if writer:
+        drop_stale_index(path)
+    problem = _quick_check(path)
+    index = path.with_name(path.name + "-shm")
+    if problem and writer and "disk i/o error" in problem.lower() and index.exists():
+        index.unlink()
+        problem = _quick_check(path)
+    return problem
+
+
+def drop_stale_index(path: Path) -> None:
+    """Delete a ``-shm`` index that counts more WAL frames than the WAL file holds (the WAL was lost, emptied or
+    cut after a crash). SQLite would trust it and write its next frames after a hole, which damages the
+    database for every later reader. The index holds no data; SQLite rebuilds it from the WAL."""
+    index, wal = path.with_name(path.name + "-shm"), path.with_name(path.name + "-wal")
+    if not index.exists():
+        return
+    try:
+        header = index.read_bytes()[:48]
+        counted = struct.unpack("=I", header[16:20])[0] if len(header) >= 20 else 0
+        frames = 0
+        if wal.exists() and wal.stat().st_size >= 32:
+            page = struct.unpack(">I", wal.read_bytes()[8:12])[0]
+            frames = (wal.stat().st_size - 32) // (page + 24) if page else 0
+    except OSError:
+        return
+    if counted > frames:
+        index.unlink()
+
+
+def _quick_check(path: Path) -> str | None:
     db = sqlite3.connect(str(path), timeout=30)
     try:
         rows = [r[0] for r in db.execute("pragma quick_check").fetchall()]
@@ -59,12 +96,12 @@ def check_for_writing(run: RunDir) -> None:
               "attempt, the last world model, budgets and tokens) and keeps the damaged file aside"
     store_path, checkpoint_path = run.path / "store.sqlite", run.path / "checkpoints.sqlite"
     if store_path.exists():
-        problem = quick_check(store_path)
+        problem = quick_check(store_path, writer=True)
         if problem:
             raise DamagedRun(f"{store_path} is damaged ({problem}). It holds every attempt and the world model; "
                              "restore it from a copy of the run directory (nothing can be rebuilt without it)")
     if checkpoint_path.exists():
-        problem = quick_check(checkpoint_path)
+        problem = quick_check(checkpoint_path, writer=True)
         if problem:
             raise DamagedRun(f"{checkpoint_path} is damaged ({problem}); {recover}")
     values = checkpoint_values(run)

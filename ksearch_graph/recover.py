@@ -42,13 +42,14 @@ class Recovery:
 def recover(path: str | Path) -> Recovery:
     path = Path(path)
     store_path = path / "store.sqlite"
-    if not store_path.is_file():
-        raise RunDirError(f"{path} has no store.sqlite: nothing to recover from")
-    problem = quick_check(store_path)
+    if not (path / RUN_FILE).is_file() and not store_path.is_file():
+        raise RunDirError(f"{path} is not a run directory (no {RUN_FILE}, no store.sqlite)")
+    lock = RunLock(path).acquire()
+    problem = quick_check(store_path, writer=True) if store_path.is_file() else None
     if problem:
+        lock.release()
         raise DamagedRun(f"{store_path} is damaged ({problem}); recover rebuilds a run from it, so restore it "
                          "from a copy of the run directory first")
-    lock = RunLock(path).acquire()
     aside = path / f"damaged-{time.strftime('%Y%m%d-%H%M%S')}"
     run, restored = _open_or_restore(path, lock, aside)
     out = Recovery(run=run, restored_manifest=restored)
