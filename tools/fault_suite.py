@@ -109,7 +109,10 @@ def way_out(fault: str, run: Path, before: set[str], first: subprocess.Completed
             return Outcome(fault, "FAILED", note=f"resume after recover exited {proc.returncode}: "
                                                  f"{proc.stderr.strip()[-300:]}")
         how = "recovered"
-    lost, repeated, problem = verify(run, before)
+    try:
+        lost, repeated, problem = verify(run, before)
+    except sqlite3.Error as e:
+        return Outcome(fault, "FAILED", note=f"store.sqlite unreadable after the run finished: {e}")
     return Outcome(fault, "FAILED" if problem else how, lost, repeated, problem or note)
 
 
