@@ -1,24 +1,31 @@
 """The ``ksearch`` command: run, resume, history, branch, show.
 
-Exit codes: 0 finished, 1 unexpected error, 2 bad input (task, run dir, options), 75 paused because
-the LLM endpoint failed (fix it and ``ksearch resume``), 130 interrupted (Ctrl-C; ``ksearch resume``).
+Exit codes: 0 finished, 1 unexpected error, 2 bad input (task, run dir, options; a damaged run directory;
+another process writing the run), 74 the run directory could not be written (disk full, read-only; free
+space, then ``ksearch resume``), 75 paused because the LLM endpoint failed (fix it and ``ksearch resume``),
+130 interrupted (Ctrl-C; ``ksearch resume``). ``--debug`` shows the traceback of an unexpected error.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
+import sqlite3
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from .cli_options import checked, model_option
 from .config import Budget, SearchConfig
 from .run_dir import RunDir, RunDirError
+from .run_lock import RunLocked
 from .task import TaskError, load_task
 
+EXIT_STORAGE = 74  # the run directory could not be written: disk full or read-only
 EXIT_PAUSED = 75
 EXIT_WAITING = 76  # --approve-plans: the run waits for a person's answer (`ksearch resume DIR --answer ...`)
 OFFLINE_NOTICE = (
@@ -28,7 +35,9 @@ OFFLINE_NOTICE = (
 
 
 def _add_search_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--iterations", type=int, default=20, help="iteration budget (one codegen + one evaluation each)")
+    from .llm import LLMSettings
+
+    p.add_argument("--iterations", **model_option(Budget, "iterations", help="iteration budget (one codegen + one evaluation each)"))
     p.add_argument("--offline", action="store_true", help="use the offline no-LLM planner and coder")
     p.add_argument("--model", default=os.environ.get("KSEARCH_MODEL"), help="LLM for planner and coder (env KSEARCH_MODEL)")
     p.add_argument("--llm", choices=["local"],
@@ -40,27 +49,26 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coder-model", help="a different model for the coder")
     p.add_argument("--base-url", default=os.environ.get("KSEARCH_BASE_URL"),
                    help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (env KSEARCH_BASE_URL)")
-    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    p.add_argument("--structured-method", default="json_schema",
-                   choices=["json_schema", "function_calling", "json_mode", "raw"])
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--llm-retries", type=int, default=5, help="retries of a failed API call before pausing the run")
-    p.add_argument("--llm-backoff", type=float, default=2.0, help="first retry delay in seconds (doubles each time)")
-    p.add_argument("-k", "--parallel-cycles", type=int, default=1, help="action cycles run side by side")
-    p.add_argument("--samples", type=int, default=1,
-                   help="code generations per step for the same prompt, evaluated side by side; the best is kept")
+    p.add_argument("--api-key-env", **model_option(LLMSettings, "api_key_env", help="environment variable holding the API key"))
+    p.add_argument("--structured-method", **model_option(LLMSettings, "structured_method"))
+    p.add_argument("--temperature", **model_option(LLMSettings, "temperature"))
+    p.add_argument("--llm-retries", **model_option(LLMSettings, "max_retries"))
+    p.add_argument("--llm-backoff", **model_option(LLMSettings, "backoff_s"))
+    p.add_argument("-k", "--parallel-cycles", **model_option(SearchConfig, "parallel_cycles"))
+    p.add_argument("--samples", **model_option(SearchConfig, "samples",
+                   help="code generations per step for the same prompt, evaluated side by side; the best is kept"))
     p.add_argument("--rounds", action="store_true",
                    help="with -k > 1: run cycles in rounds (one world-model update after all k end) instead of "
                         "rolling lanes that start the next cycle as soon as theirs ends")
-    p.add_argument("--policy", choices=["greedy", "failure_aware"], default="greedy")
-    p.add_argument("--stagnation-window", type=int, default=5)
-    p.add_argument("--difficulty-cap", type=int, default=4)
-    p.add_argument("--noise-margin", type=float, default=0.02)
-    p.add_argument("--max-tokens", type=int, help="stop after this many LLM tokens (all roles)")
-    p.add_argument("--max-cost", type=float, help="stop after this many US dollars")
-    p.add_argument("--max-wall", type=float, help="stop after this many seconds of search time")
-    p.add_argument("--eval-timeout", type=float, default=180)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", **model_option(SearchConfig, "policy"))
+    p.add_argument("--stagnation-window", **model_option(SearchConfig, "stagnation_window"))
+    p.add_argument("--difficulty-cap", **model_option(SearchConfig, "difficulty_cap"))
+    p.add_argument("--noise-margin", **model_option(SearchConfig, "noise_margin"))
+    p.add_argument("--max-tokens", **model_option(Budget, "max_tokens", help="stop after this many LLM tokens (all roles)"))
+    p.add_argument("--max-cost", **model_option(Budget, "max_cost_usd", help="stop after this many US dollars"))
+    p.add_argument("--max-wall", **model_option(Budget, "max_wall_s", help="stop after this many seconds of search time"))
+    p.add_argument("--eval-timeout", **model_option(SearchConfig, "eval_timeout_s", help="seconds one evaluation may take"))
+    p.add_argument("--seed", **model_option(SearchConfig, "seed", help="seed of the offline planner's choices"))
     p.add_argument("--approve-plans", action="store_true",
                    help="ask before each selected plan is implemented (approve, edit, pick another, stop)")
 
@@ -260,7 +268,7 @@ def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None 
     from .context import make_context
     from .llm import EndpointUnavailable, LLMConfigError
     from .nodes.world_model_update import PlannerFailed
-    from .progress import ProgressPrinter
+    from .progress import ProgressPrinter, show_llm_heartbeats
     from .search import drive, pending_question
 
     ctx = make_context(run, evaluator=evaluator)
@@ -268,6 +276,8 @@ def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None 
           f"planner: {run.config.planner_llm.model}  coder: {run.config.coder_llm.model}"
           + (f"  endpoint: {run.config.planner_llm.base_url}" if run.config.planner_llm.base_url else ""))
     printer = None if quiet else ProgressPrinter(ctx.store, run.config.budget.iterations)
+    if not quiet:
+        show_llm_heartbeats()
     started = time.monotonic()
     try:
         with _exit_on_interrupt(run):
@@ -346,33 +356,63 @@ def cmd_run(args) -> int:
             raise TaskError(f"task {task.name} has no kernel template, so the offline (no-LLM) planner cannot "
                             "search it; search it with an LLM: --model M [--base-url URL], or --llm local")
         run_dir = args.run_dir or Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run = RunDir.create(run_dir, task_folder, config)
+        args.run_dir = run_dir  # for an error message about it
+        run = RunDir.create(run_dir, task_folder, config, writer=True)
     print(f"run directory: {run.path}")
     return _drive(run, fresh=True, quiet=args.quiet, pool=_pool_options(args))
 
 
 def cmd_resume(args) -> int:
+    from .integrity import check_for_writing
     from .search import extend, has_started, is_finished, pending_question
 
-    run = RunDir.open(args.run_dir)
-    if args.base_url or args.model:  # the endpoint moved, or the model name was wrong
-        for settings in (run.config.planner_llm, run.config.coder_llm):
-            if settings is None:
-                raise RunDirError(f"{run.path} is an offline run; --base-url/--model apply to LLM runs only")
-            settings.base_url = args.base_url or settings.base_url
-            settings.model = args.model or settings.model
-            settings.local_model = None  # a run moved to an endpoint no longer serves its own model
-        run.save()
-    if args.iterations is not None:
-        if extend(run, args.iterations):
-            print(f"budget raised to {args.iterations} iterations; the finished run continues")
-    if is_finished(run):
-        print(f"{run.path}: the run is finished (raise the budget with --iterations N to continue it)")
-        return 0
+    run = RunDir.open(args.run_dir, writer=True)
+    check_for_writing(run)
+    # Every option is checked before anything is written.
     answer = parse_answer(args.answer) if args.answer else None
     if answer is not None and pending_question(run) is None:
         raise RunDirError(f"{run.path} is not waiting for an answer")
+    moved = _move_endpoint(run, args.base_url, args.model)
+    target = _iteration_target(run, args.iterations, args.more)
+    if moved:
+        run.save()
+    if target is not None:
+        if extend(run, target):
+            print(f"budget raised to {target} iterations; the finished run continues")
+    if is_finished(run):
+        print(f"{run.path}: the run is finished (continue it with --more N, N more iterations)")
+        return 0
     return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer, pool=_pool_options(args))
+
+
+def _move_endpoint(run: RunDir, base_url: str | None, model: str | None) -> bool:
+    """--base-url / --model on resume: the endpoint moved, or the model name was wrong."""
+    if not (base_url or model):
+        return False
+    for settings in (run.config.planner_llm, run.config.coder_llm):
+        if settings is None:
+            raise RunDirError(f"{run.path} is an offline run; --base-url/--model apply to LLM runs only")
+        settings.base_url = base_url or settings.base_url
+        settings.model = model or settings.model
+        settings.local_model = None  # a run moved to an endpoint no longer serves its own model
+    return True
+
+
+def _iteration_target(run: RunDir, total: int | None, more: int | None) -> int | None:
+    """The new iteration budget from --iterations TOTAL or --more N; a total below what is done is an error."""
+    if total is None and more is None:
+        return None
+    store = run.store()
+    try:
+        done = store.count_attempts()
+    finally:
+        store.close()
+    if more is not None:
+        return done + more
+    if total < done:
+        raise RunDirError(f"{run.path} has {done} iterations done; --iterations is the total budget, so at least "
+                          f"{done}. For N more iterations: --more N")
+    return total
 
 
 def cmd_history(args) -> int:
@@ -390,11 +430,39 @@ def cmd_history(args) -> int:
 
 
 def cmd_branch(args) -> int:
-    from .search import branch
+    from .search import branch, branch_at_attempt
 
-    new = branch(args.run_dir, args.at, args.into, world_model_file=args.world_model)
-    print(f"branched {args.run_dir} at {args.at} into {new.path}"
+    if args.at_attempt:
+        if args.world_model:
+            raise RunDirError("--world-model goes with --at CHECKPOINT; --at-attempt takes the world model as it was")
+        new = branch_at_attempt(args.run_dir, args.at_attempt, args.into)
+        where = f"attempt {args.at_attempt}"
+    else:
+        new = branch(args.run_dir, args.at, args.into, world_model_file=args.world_model)
+        where = args.at
+    print(f"branched {args.run_dir} at {where} into {new.path}"
           + (" with an edited world model" if args.world_model else "") + f"\ncontinue it with: ksearch resume {new.path}")
+    return 0
+
+
+def cmd_recover(args) -> int:
+    from .recover import recover
+
+    r = recover(args.run_dir)
+    if r.restored_manifest:
+        print("run.json restored from the copy in store.sqlite")
+    if r.sound:
+        print(f"{r.run.path}: the checkpoints are sound, nothing else to recover")
+    elif r.rebuilt:
+        print(f"checkpoints rebuilt from store.sqlite: {r.attempts} evaluated attempts kept; world model after "
+              f"{r.world_model_from}; cycles merged: {', '.join(r.merged_cycles) or '-'}"
+              + (f"; closed at their last evaluated attempt: {', '.join(r.closed_cycles)}" if r.closed_cycles else ""))
+    else:
+        print("store.sqlite holds no world model yet: the run starts again (the seed's measurement and the "
+              "planner's first answer are reused)")
+    if r.kept_aside:
+        print("kept aside: " + ", ".join(r.kept_aside))
+    print(f"continue with: ksearch resume {r.run.path}")
     return 0
 
 
@@ -504,7 +572,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("resume", help="continue a run after a crash, kill or Ctrl-C (or a finished one with more budget)")
     p.add_argument("run_dir")
-    p.add_argument("--iterations", type=int, help="raise the iteration budget")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--iterations", **model_option(Budget, "iterations", default=None,
+                                                       help="the total iteration budget (at least what is done)"))
+    budget.add_argument("--more", type=checked(Budget, "iterations"), metavar="N", help="N more iterations")
     p.add_argument("--base-url", help="point the run's planner and coder at another endpoint")
     p.add_argument("--model", help="use another model for the run's planner and coder")
     p.add_argument("--answer", help="answer a pending plan approval: approve | stop | 'pick ID' | 'edit JSON'")
@@ -517,9 +588,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_history)
 
-    p = sub.add_parser("branch", help="start a new run from a checkpoint of an existing one")
+    p = sub.add_parser("branch", help="start a new run from a checkpoint or an attempt of an existing one")
     p.add_argument("run_dir")
-    p.add_argument("--at", required=True, help="checkpoint id (see ksearch history)")
+    at = p.add_mutually_exclusive_group(required=True)
+    at.add_argument("--at", help="checkpoint id (see ksearch history)")
+    at.add_argument("--at-attempt", metavar="ATTEMPT",
+                    help="attempt id (e.g. c3.4, see ksearch report): its cycle ends there, with that attempt's code, "
+                         "and the world model as it was then gets the update")
     p.add_argument("--world-model", help="JSON file with an edited world model (from ksearch show --world-model)")
     p.add_argument("--into", required=True, help="the new run directory")
     p.set_defaults(func=cmd_branch)
@@ -530,6 +605,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-model", action="store_true", help="print the world model JSON (edit it for branch)")
     p.add_argument("--at", help="with --world-model: the checkpoint to read (default: latest)")
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("recover", help="rebuild a run whose checkpoints (or run.json) are lost or damaged, from "
+                                       "its store.sqlite")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_recover)
 
     p = sub.add_parser("report", help="write a self-contained HTML (and Markdown) report of a run")
     p.add_argument("run_dir")
@@ -545,16 +625,69 @@ def build_parser() -> argparse.ArgumentParser:
                    help="files (default): kernel files and result.json; flashinfer-trace: OUT/solutions/*.json and "
                         "OUT/traces/<definition>.jsonl with every evaluation of the run")
     p.set_defaults(func=cmd_export)
+
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
+    for command in sub.choices.values():
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the traceback of an unexpected error")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    debug = args.debug or bool(os.environ.get("KSEARCH_DEBUG"))
     try:
         return args.func(args)
-    except (TaskError, RunDirError) as e:
+    except BrokenPipeError:  # `ksearch show DIR --json | head`: the reader has all it wants
+        _silence_stdout()
+        return 0
+    except (TaskError, RunDirError, RunLocked) as e:
+        if debug:
+            raise
         print(f"ksearch: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        if debug:
+            raise
+        if isinstance(e, (OSError, sqlite3.DatabaseError)) and not isinstance(e, sqlite3.ProgrammingError):
+            return _storage_error(e, getattr(args, "run_dir", None))
+        print(f"ksearch: unexpected error: {type(e).__name__}: {e}\n(run again with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _storage_error(e: OSError | sqlite3.Error, run_dir: str | Path | None) -> int:
+    """A file problem, worded for the user: disk full or read-only (exit 74), a damaged database (2)."""
+    text = str(e).lower()
+    where = f" {run_dir}" if run_dir else ""
+    resume = f"Nothing recorded so far is lost; then: ksearch resume{where}"
+    if getattr(e, "errno", None) in _DISK_FULL or "disk is full" in text or "disk i/o error" in text:
+        print(f"ksearch: could not write to{where or ' the run directory'}: the disk is full or a file size limit "
+              f"was reached ({e}). {resume} once there is space again.", file=sys.stderr)
+        return EXIT_STORAGE
+    if getattr(e, "errno", None) in _READ_ONLY or "readonly" in text or "read-only" in text:
+        print(f"ksearch: could not write to{where or ' the run directory'}: it is read-only ({e}). {resume} "
+              "from a writable place (copy the run directory if need be).", file=sys.stderr)
+        return EXIT_STORAGE
+    if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.ProgrammingError):
+        print(f"ksearch: a database of{where or ' the run'} is damaged ({e}). `ksearch recover{where}` rebuilds "
+              "the run from store.sqlite (see docs/run-dirs.md).", file=sys.stderr)
+        return 2
+    if isinstance(e, FileNotFoundError):
+        print(f"ksearch: {e.filename or e}: no such file or directory", file=sys.stderr)
+        return 2
+    print(f"ksearch: {type(e).__name__}: {e}", file=sys.stderr)
+    return EXIT_STORAGE
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null, so Python's final flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

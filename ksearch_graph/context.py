@@ -109,10 +109,11 @@ def context_for(ctx: ServerRunContext | dict) -> SearchContext:
     key = str(Path(ctx.run_dir).resolve())
     with _server_lock:
         if key not in _server_contexts:
+            # The server process is the run directory's one writer while it serves it (run_lock.py).
             if (Path(key) / RUN_FILE).exists():
-                run = RunDir.open(key)
+                run = RunDir.open(key, writer=True)
             else:
-                run = RunDir.create(key, ctx.task, SearchConfig.model_validate(ctx.options))
+                run = RunDir.create(key, ctx.task, SearchConfig.model_validate(ctx.options), writer=True)
             _server_contexts[key] = make_context(run)
         return _server_contexts[key]
 

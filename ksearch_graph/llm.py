@@ -17,6 +17,7 @@ Everything the search asks a model goes through ``LLMClient``:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -28,14 +29,18 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 import openai
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 # Exponential backoff never waits longer than this between two attempts.
 _BACKOFF_CAP_S = 60.0
+# While a call is in flight, a heartbeat line goes to this logger this often (the CLI prints it).
+HEARTBEAT_LOG = logging.getLogger("ksearch_graph.llm.heartbeat")
+HEARTBEAT_S = float(os.environ.get("KSEARCH_HEARTBEAT_S", "30"))
 
 
 class LLMSettings(BaseModel):
@@ -44,12 +49,12 @@ class LLMSettings(BaseModel):
     # Name of the environment variable holding the key; the key itself never enters settings
     # (settings are checkpointed and logged).
     api_key_env: str = "OPENAI_API_KEY"
-    temperature: float | None = None
-    max_tokens: int | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    max_tokens: int | None = Field(None, ge=1)
     structured_method: Literal["json_schema", "function_calling", "json_mode", "raw"] = "json_schema"
     timeout_s: float = 300
-    max_retries: int = 5  # transient API errors (connection, timeout, 429, 5xx)
-    backoff_s: float = 2.0  # first retry delay; doubles per attempt, capped, with jitter
+    max_retries: int = Field(5, ge=0, description="retries of a failed API call before pausing the run")
+    backoff_s: float = Field(2.0, ge=0, description="first retry delay in seconds (doubles each time)")
     max_repairs: int = 2  # re-asks after an answer that is not valid JSON or fails validation
     price_prompt_per_mtok: float = 0
     price_completion_per_mtok: float = 0
@@ -257,7 +262,8 @@ class LLMClient:
         s = self.settings
         for attempt in range(s.max_retries + 1):
             try:
-                return runnable.invoke(messages)
+                with _Heartbeat(self.role, s) as beat:
+                    return runnable.invoke(messages, config={"callbacks": [beat]})
             except openai.APIError as exc:
                 if not _is_transient(exc):
                     raise EndpointUnavailable(
@@ -279,6 +285,34 @@ class LLMClient:
         self.ledger.add(self.role, usage, self.settings)
         info["prompt_tokens"] += (usage or {}).get("input_tokens", 0)
         info["completion_tokens"] += (usage or {}).get("output_tokens", 0)
+
+
+class _Heartbeat(BaseCallbackHandler):
+    """Logs "still waiting" every HEARTBEAT_S seconds of one call: the role, the time so far, and the tokens
+    received so far when the model streams (otherwise the time alone)."""
+
+    def __init__(self, role: str, settings: LLMSettings) -> None:
+        self.role, self.settings = role, settings
+        self.tokens = 0
+        self._done = threading.Event()
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self.tokens += 1
+
+    def __enter__(self) -> "_Heartbeat":
+        self._started = time.monotonic()
+        threading.Thread(target=self._beat, daemon=True, name=f"heartbeat-{self.role}").start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+    def _beat(self) -> None:
+        while not self._done.wait(HEARTBEAT_S):
+            elapsed = time.monotonic() - self._started
+            limit = f", answers up to {self.settings.max_tokens} tokens" if self.settings.max_tokens else ""
+            tokens = f"{self.tokens} tokens so far" if self.tokens else "no token count (the answer is not streamed)"
+            HEARTBEAT_LOG.info(f"[llm] {self.role}: waiting for {self.settings.model}, {elapsed:.0f} s, {tokens}{limit}")
 
 
 @dataclass

@@ -6,10 +6,26 @@ Every attempt line carries the budget, the attempt's status, the best score so f
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from typing import TextIO
 
 from .store import RunStore
+
+
+def show_llm_heartbeats(out: TextIO = sys.stdout) -> None:
+    """Print the LLM layer's "still waiting" lines (llm.HEARTBEAT_LOG) with the live view."""
+    import logging
+
+    from .llm import HEARTBEAT_LOG
+
+    if not HEARTBEAT_LOG.handlers:
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        HEARTBEAT_LOG.addHandler(handler)
+        HEARTBEAT_LOG.setLevel(logging.INFO)
+        HEARTBEAT_LOG.propagate = False
 
 
 class ProgressPrinter:
@@ -24,7 +40,10 @@ class ProgressPrinter:
         self.titles: dict[str, str] = {}
 
     def _print(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        try:
+            print(text, file=self.out, flush=True)
+        except BrokenPipeError:  # `ksearch run ... | head`: the search goes on without a view
+            self.out = open(os.devnull, "w")
 
     def __call__(self, event: dict) -> None:
         kind = event.get("event")
@@ -57,5 +76,30 @@ class ProgressPrinter:
         line = (f"[{where}] {e['attempt_id']:<7} {e['prompt_kind']:<7} {e['status']:<20} {score:<9} "
                 f"| best {best} | tokens {tokens['total_tokens']}{cost}")
         self._print(line)
-        if e["status"] != "passed" and e.get("log"):
-            self._print("          " + e["log"].strip().splitlines()[0][:150])
+        if e["status"] != "passed":
+            row = self.store.get_attempt(e["attempt_id"])
+            headline = error_headline(row["log_excerpt"] if row else e.get("log", ""))
+            if headline:
+                self._print("          " + headline[:200])
+
+
+_EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning))(:.*)?$")
+_WHERE = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+
+
+def error_headline(log: str) -> str:
+    """The line that says what went wrong: the last exception line of a traceback (with the file and line of a
+    syntax error, ``SyntaxError: invalid syntax (kernel.py, line 3)``), else the first line that is not only a
+    label ending in ':'."""
+    lines = [line.rstrip() for line in (log or "").strip().splitlines() if line.strip()]
+    where = None
+    for line in lines:
+        if found := _WHERE.match(line):
+            where = f"{found.group(1).rsplit('/', 1)[-1]}, line {found.group(2)}"
+    exceptions = [line.strip() for line in lines if _EXCEPTION_LINE.match(line)]
+    if exceptions:
+        last = exceptions[-1]
+        if where and last.split(":")[0].endswith(("SyntaxError", "IndentationError", "TabError")):
+            last += f" ({where})"
+        return last
+    return next((line.strip() for line in lines if not line.endswith(":")), lines[0] if lines else "")

@@ -16,6 +16,8 @@ from .config import SearchConfig
 from .context import SearchContext
 from .graph import build_search_graph
 from .run_dir import RunDir, RunDirError, copy_sqlite
+from .store import attempt_summary
+from .task import Task
 from .world_model import WorldModel, check_invariants
 
 EventSink = Callable[[dict], None]
@@ -158,10 +160,7 @@ def branch(src_dir: str | Path, checkpoint_id: str, into: str | Path, *, world_m
                           "(or `ksearch resume DIR --iterations N` to continue it)")
     if world_model_file is not None:
         values["world_model"] = _load_edited_world_model(world_model_file, values["world_model"])
-    new = RunDir.create(into, src.path / "task", src.config.model_copy(deep=True),
-                        branched_from={"run": str(Path(src.path).resolve()), "checkpoint": checkpoint_id,
-                                       "edited_world_model": world_model_file is not None})
-    copy_sqlite(src.path / "store.sqlite", new.path / "store.sqlite")
+    new = _new_branch(src, into, {"checkpoint": checkpoint_id, "edited_world_model": world_model_file is not None})
     keep = set(values.get("merged_cycles", [])) | {r["cycle_id"] for r in values.get("finished_cycles", [])}
     store = new.store()
     store.keep_only_cycles(keep)
@@ -187,6 +186,62 @@ def _values_at_merge(run: RunDir, merge_id: str) -> dict:
         return {}
     return {**record["state"], "selected": [], "finished_cycles": [], "stop_reason": None,
             "last_node": "update_world_model"}
+def branch_at_attempt(src_dir: str | Path, attempt_id: str, into: str | Path) -> RunDir:
+    """A new run that continues the cycle of ``attempt_id`` right after it, from its code.
+
+    The world model is the one that cycle was launched on; the cycle's later attempts (and its update) are not
+    part of the branch, nor are cycles that ran side by side with it (their nodes stay open). The next attempt
+    improves on ``attempt_id``'s code; the cycle then goes on as any other.
+    """
+    src = RunDir.open(src_dir)
+    store = src.store()
+    try:
+        row = store.get_attempt(attempt_id)
+    finally:
+        store.close()
+    if row is None:
+        raise RunDirError(f"{src.path} has no attempt {attempt_id!r} (attempt ids look like c3.4; see `ksearch report`)")
+    if row["prompt_kind"] == "seed":
+        raise RunDirError("the seed is no cycle's attempt; branch from the checkpoint after initialisation with --at "
+                          f"(see `ksearch history {src.path}`)")
+    if row["status"] != "passed":
+        raise RunDirError(f"{attempt_id} did not pass ({row['status']}); a branch continues from an attempt's code, "
+                          "so pick a passing one (or branch at a checkpoint with --at)")
+    cycle_id, number = row["cycle_id"], int(attempt_id.rsplit(".", 1)[1])
+    graph = build_search_graph(src.checkpointer())
+    launch = next((snap for snap in graph.get_state_history(src.graph_config())
+                   if (snap.values or {}).get("last_node") == "select_plans"
+                   and any(c["id"] == cycle_id for c in snap.values.get("selected", []))), None)
+    if launch is None:
+        raise RunDirError(f"{src.path} has no checkpoint that launched cycle {cycle_id}")
+    values = dict(launch.values)
+    cycle = dict(next(c for c in values["selected"] if c["id"] == cycle_id))
+    summary_row = attempt_summary(row)
+    cycle["allowance"] = max(cycle["allowance"], number + 1)
+    cycle["resume"] = {  # the cycle's state right after this attempt (launch_cycles starts the cycle from it)
+        "n_attempts": number, "steps": number, "last": summary_row, "cycle_best": summary_row, "stagnation": 0,
+        "feedback": f"Attempt {attempt_id} passed: score {row['score']:.4g}x vs the reference. "
+                    "Improve on its code.",
+    }
+    values.update(selected=[cycle], last_node="select_plans")
+    new = _new_branch(src, into, {"attempt": attempt_id, "checkpoint": launch.config["configurable"]["checkpoint_id"]})
+    store = new.store()
+    store.keep_only_cycles(set(values.get("merged_cycles", [])) | {cycle_id})
+    store.end_cycle_at(cycle_id, number)
+    store.set_meta("status", "branched")
+    store.log_event("branched", source=str(src.path), attempt=attempt_id)
+    store.close()
+    build_search_graph(new.checkpointer()).update_state(new.graph_config(), values, as_node="select_plans")
+    return new
+
+
+def _new_branch(src: RunDir, into: str | Path, where: dict) -> RunDir:
+    """The branch's run directory (locked for this process), with a copy of the source's task, settings and store."""
+    new = RunDir.create(into, src.path / "task", src.config.model_copy(deep=True),
+                        branched_from={"run": str(Path(src.path).resolve()), **where}, writer=True)
+    copy_sqlite(src.path / "store.sqlite", new.path / "store.sqlite")
+    new.save()  # the store copy replaced the branch's own copy of run.json
+    return new
 
 
 def _load_edited_world_model(path: str | Path, current: dict) -> dict:

@@ -303,8 +303,41 @@ class RunStore:
             cycle = _cycle_of_generation(key)
             if cycle is not None and cycle not in cycle_ids:
                 self.db.execute("delete from generations where key = ?", [key])
+        # The world models and events of the forgotten cycles' future go too: `ksearch recover` reads them.
+        for row_id, reason in self.db.execute("select id, reason from world_models").fetchall():
+            cycle = _cycle_of_update(reason)
+            if cycle is not None and cycle not in cycle_ids:
+                self.db.execute("delete from world_models where id = ?", [row_id])
+        for row_id, cycle in self.db.execute("select id, json_extract(data, '$.cycle_id') from events").fetchall():
+            if cycle is not None and cycle not in cycle_ids:
+                self.db.execute("delete from events where id = ?", [row_id])
         self.db.conn.commit()
         return len(doomed)
+
+    @_locked
+    def end_cycle_at(self, cycle_id: str, attempts: int) -> None:
+        """Forget what a cycle did after its first ``attempts`` attempts, and its world-model update (on the copy
+        of a branch at an attempt); then number the attempts 1, 2, ... again."""
+        def later(attempt_id: str) -> bool:
+            return attempt_id.startswith(cycle_id + ".") and int(attempt_id.split(".")[1].split(":")[0]) > attempts
+
+        for (attempt_id,) in self.db.execute("select id from attempts where cycle_id = ?", [cycle_id]).fetchall():
+            if later(attempt_id):
+                self.db.execute("delete from attempts where id = ?", [attempt_id])
+        for (key,) in self.db.execute("select key from generations").fetchall():
+            if later(key) or key.startswith(f"update:{cycle_id}:"):
+                self.db.execute("delete from generations where key = ?", [key])
+        for row_id, reason in self.db.execute("select id, reason from world_models").fetchall():
+            if _cycle_of_update(reason) == cycle_id:
+                self.db.execute("delete from world_models where id = ?", [row_id])
+        self.db.execute("update attempts set iteration = (select count(*) from attempts b where b.prompt_kind != "
+                        "'seed' and b.iteration <= attempts.iteration) where prompt_kind != 'seed'")
+        self.db.conn.commit()
+
+
+def _cycle_of_update(reason: str) -> str | None:
+    """The cycle a world-model snapshot merged: 'update after c3' / 'too-hard update after c3' -> c3."""
+    return reason.rsplit(" ", 1)[1] if reason and "update after " in reason else None
 
 
 def _cycle_of_generation(key: str) -> str | None:

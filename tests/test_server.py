@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -100,3 +101,47 @@ def test_plan_approval_interrupt_and_resume_over_http(server, tmp_path):
     state = client.threads.get_state(thread)
     assert state["next"] == [] and state["values"]["iterations_done"] == 1
     assert state["values"]["world_model"]["nodes"]["n2"]["visits"] == 1
+
+
+def _docs_example() -> str:
+    """The SDK example of docs/server.md, as a user copies it."""
+    text = (REPO / "docs" / "server.md").read_text()
+    return text.split("with the official SDK:\n\n```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_docs_server_example_runs_without_a_reload(tmp_path):
+    """docs/server.md's example, word for word (only the port differs), against `langgraph dev` as the docs start
+    it: with reloading on. Its run directory is outside the watched folder, so the server never restarts."""
+    port = _free_port()
+    langgraph = Path(sys.executable).parent / "langgraph"
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(langgraph), "dev", "--host", "127.0.0.1", "--port", str(port), "--no-browser"],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ok", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+        example = _docs_example().replace("http://127.0.0.1:2024", f"http://127.0.0.1:{port}")
+        done = subprocess.run([sys.executable, "-c", example], cwd=REPO, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "HOME": str(tmp_path)})
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.count("'event': 'attempt'") == 3 and "'attempt_id'" in done.stdout.splitlines()[-1]
+        run_dir = tmp_path / "ksearch-runs" / "server-1"
+        # The server is the run directory's writer while it serves it; the CLI is refused, readers are not.
+        refused = subprocess.run([sys.executable, "-m", "ksearch_graph.cli", "resume", str(run_dir)], cwd=REPO,
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and "another process" in refused.stderr, refused.stderr
+        text = log.read_text()
+        assert "WatchFiles detected changes" not in text and "Reloading" not in text, text[-3000:]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -142,8 +142,9 @@ def launch_cycles(state: SearchState):
     """Conditional edge after select_plans: one Send per selected cycle, or finish."""
     if state.get("stop_reason") or not state.get("selected"):
         return "finalize"
+    # A cycle may carry ``resume``: its state after an earlier attempt (a branch at that attempt).
     return [
-        Send("action_cycle", fresh_cycle_state(c))
+        Send("action_cycle", {**fresh_cycle_state(c), **c.get("resume", {})})
         for c in state["selected"]
     ]
 

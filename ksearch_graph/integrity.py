@@ -1,0 +1,157 @@
+"""Is a run directory safe to continue? Checked every time a run is opened for writing.
+
+Both databases must pass ``PRAGMA quick_check``, and the two must tell the same story:
+- the checkpoints must know every cycle the store has attempts or generations for; a checkpoint file that is
+  missing, empty or older than that would start those cycles again (a new search on top of the old one);
+- the store must hold what the checkpoints refer to (the merged cycles' attempts, the best kernel's code).
+The store may be ahead of the checkpoints by the step in flight at a kill: nodes re-run against it idempotently.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import struct
+from pathlib import Path
+
+from .run_dir import RunDir, RunDirError
+
+_CYCLE_NUMBER = re.compile(r"(?:^|:)c(\d+)[a-z]?(?:[.:]|$)")
+
+
+class DamagedRun(RunDirError):
+    """The run directory cannot be continued as it is; the message says what was found and what to do."""
+
+
+def quick_check(path: Path, *, writer: bool = False) -> str | None:
+    """None when the SQLite file is sound, else what SQLite says is wrong with it.
+
+    ``writer`` (the caller holds the run's lock): a shared-memory index (``-shm``) that no longer matches its
+    WAL file (a WAL lost or cut after a crash) reads as an I/O error; it holds no data, so it is dropped and
+    the file checked again, SQLite rebuilding the index from what the WAL really holds.
+    """
+    if writer:
+        drop_stale_index(path)
+    problem = _quick_check(path)
+    index = path.with_name(path.name + "-shm")
+    if problem and writer and "disk i/o error" in problem.lower() and index.exists():
+        index.unlink()
+        problem = _quick_check(path)
+    return problem
+
+
+def drop_stale_index(path: Path) -> None:
+    """Delete a ``-shm`` index that counts more WAL frames than the WAL file holds (the WAL was lost, emptied or
+    cut after a crash). SQLite would trust it and write its next frames after a hole, which damages the
+    database for every later reader. The index holds no data; SQLite rebuilds it from the WAL."""
+    index, wal = path.with_name(path.name + "-shm"), path.with_name(path.name + "-wal")
+    if not index.exists():
+        return
+    try:
+        header = index.read_bytes()[:48]
+        counted = struct.unpack("=I", header[16:20])[0] if len(header) >= 20 else 0
+        frames = 0
+        if wal.exists() and wal.stat().st_size >= 32:
+            page = struct.unpack(">I", wal.read_bytes()[8:12])[0]
+            frames = (wal.stat().st_size - 32) // (page + 24) if page else 0
+    except OSError:
+        return
+    if counted > frames:
+        index.unlink()
+
+
+def _quick_check(path: Path) -> str | None:
+    db = sqlite3.connect(str(path), timeout=30)
+    try:
+        rows = [r[0] for r in db.execute("pragma quick_check").fetchall()]
+    except sqlite3.DatabaseError as e:
+        return str(e)
+    finally:
+        db.close()
+    return None if rows == ["ok"] else "; ".join(rows[:3])
+
+
+def checkpoint_values(run: RunDir) -> dict | None:
+    """The main graph's latest state in checkpoints.sqlite, or None when there is none (or no file)."""
+    path = run.path / "checkpoints.sqlite"
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    saver = run.checkpointer()
+    try:
+        found = saver.get_tuple({"configurable": {"thread_id": run.thread_id, "checkpoint_ns": ""}})
+    finally:
+        saver.conn.close()
+    return dict(found.checkpoint["channel_values"]) if found else None
+
+
+def store_cycle_numbers(db: sqlite3.Connection) -> set[int]:
+    """The numbers of every cycle the store has an attempt or a cached generation of (c3, c3b -> 3)."""
+    keys = _column(db, "select cycle_id from attempts") + _column(db, "select key from generations")
+    return {int(m.group(1)) for k in keys if k and (m := _CYCLE_NUMBER.search(k))}
+
+
+def check_for_writing(run: RunDir) -> None:
+    """Raise DamagedRun unless the run can be continued as it is."""
+    recover = f"`ksearch recover {run.path}` rebuilds the checkpoints from store.sqlite (every evaluated " \
+              "attempt, the last world model, budgets and tokens) and keeps the damaged file aside"
+    store_path, checkpoint_path = run.path / "store.sqlite", run.path / "checkpoints.sqlite"
+    if store_path.exists():
+        problem = quick_check(store_path, writer=True)
+        if problem:
+            raise DamagedRun(f"{store_path} is damaged ({problem}). It holds every attempt and the world model; "
+                             "restore it from a copy of the run directory (nothing can be rebuilt without it)")
+    if checkpoint_path.exists():
+        problem = quick_check(checkpoint_path, writer=True)
+        if problem:
+            raise DamagedRun(f"{checkpoint_path} is damaged ({problem}); {recover}")
+    values = checkpoint_values(run)
+    if not store_path.exists():
+        if values:
+            raise DamagedRun(f"{store_path} is missing, though the checkpoints have a search in progress; restore "
+                             f"it from a copy, or start over with `ksearch recover {run.path}` (all attempts lost)")
+        return
+    db = sqlite3.connect(str(store_path), timeout=30)
+    try:
+        numbers = store_cycle_numbers(db)
+        lost = _missing_from_store(db, values or {})
+    finally:
+        db.close()
+    known = (values or {}).get("cycle_seq", 0)
+    ahead = sorted(n for n in numbers if n > known)
+    if ahead:
+        if not checkpoint_path.exists():
+            what = "is missing"
+        elif checkpoint_path.stat().st_size == 0:
+            what = "is empty"
+        elif values is None:
+            what = "holds no state of this run"
+        else:
+            what = f"is older than store.sqlite (it knows {known} cycles, the store has attempts of cycle {ahead[-1]})"
+        raise DamagedRun(f"{checkpoint_path} {what}: continuing would start the search again on top of the "
+                         f"recorded one. {recover}")
+    if lost:
+        raise DamagedRun(f"{store_path} lacks what the checkpoints refer to ({lost}): it is older than them (a lost "
+                         f"WAL file?). `ksearch recover {run.path}` continues from what the store still holds")
+
+
+def _missing_from_store(db: sqlite3.Connection, values: dict) -> str | None:
+    merged = [c for c in values.get("merged_cycles", []) if c != "seed"]
+    have = set(_column(db, "select distinct cycle_id from attempts"))
+    absent = [c for c in merged if c not in have]
+    if absent:
+        return "no attempts of cycle(s) " + ", ".join(absent[:5])
+    best = values.get("best") or {}
+    if best.get("source_hash") and not _column(db, "select 1 from sources where hash = ?",
+                                                    [best["source_hash"]]):
+        return f"no code of the best attempt {best.get('attempt_id')}"
+    return None
+
+
+def _column(db: sqlite3.Connection, sql: str, args: list | None = None) -> list:
+    """The first column of a query; empty when the table does not exist (an emptied store)."""
+    try:
+        return [r[0] for r in db.execute(sql, args or [])]
+    except sqlite3.OperationalError as e:
+        if "no such table" in str(e):
+            return []
+        raise

@@ -1,0 +1,114 @@
+"""Run directories a user cannot break, at the CLI: checked options, --more, branch at an attempt, recover,
+no tracebacks, the console during long LLM calls. (Locks, damaged files, disk full: tests/test_fault_suite.py.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, insert, run_cli, script
+
+
+def _show(run_dir: Path) -> dict:
+    return json.loads(run_cli("show", str(run_dir), "--json", check=True).stdout)
+
+
+def _attempts(run_dir: Path) -> list[tuple]:
+    with sqlite3.connect(run_dir / "store.sqlite") as db:
+        return db.execute("select id, iteration, prompt_kind, base_attempt_id from attempts "
+                          "where prompt_kind != 'seed' order by iteration").fetchall()
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("rundirs") / "run"
+    run_cli("run", str(SOFTMAX), "--run-dir", str(run_dir), "--iterations", "2", "--stagnation-window", "3",
+            "--quiet", check=True)
+    return run_dir
+
+
+def test_cli_defaults_are_the_settings_defaults():
+    from ksearch_graph.cli import _config_from_args, build_parser
+    from ksearch_graph.config import SearchConfig
+
+    args = build_parser().parse_args(["run", str(SOFTMAX)])
+    assert _config_from_args(args) == SearchConfig()
+
+
+def test_bad_numbers_are_usage_errors_that_write_nothing(small_run, tmp_path):
+    manifest = (small_run / "run.json").read_bytes()
+    for bad in (["--iterations", "-5"], ["--iterations", "0"], ["--iterations", "x"], ["--more", "0"],
+                ["--iterations", "1"]):
+        proc = run_cli("resume", str(small_run), *bad)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (bad, proc.stderr)
+    assert "has 2 iterations done" in proc.stderr and "--more N" in proc.stderr
+    assert (small_run / "run.json").read_bytes() == manifest and _show(small_run)["iteration_budget"] == 2
+    proc = run_cli("run", str(SOFTMAX), "--run-dir", str(tmp_path / "r"), "--iterations", "-1")
+    assert proc.returncode == 2 and "greater than or equal to 1" in proc.stderr and not (tmp_path / "r").exists()
+
+    copy = tmp_path / "more"
+    shutil.copytree(small_run, copy)
+    run_cli("resume", str(copy), "--more", "1", "--quiet", check=True)
+    info = _show(copy)
+    assert info["iterations_done"] == 3 == info["iteration_budget"] and info["status"] == "finished"
+
+
+def test_broken_pipe_and_missing_files_give_no_traceback(small_run, tmp_path):
+    for command in (f"show {small_run} --json | head -1", f"history {small_run} | head -2"):
+        proc = subprocess.run(f"{sys.executable} -m ksearch_graph.cli {command}", shell=True, cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout and proc.stderr == "", proc.stderr
+    proc = run_cli("report", str(tmp_path / "nowhere"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_damaged_checkpoint_stops_readers_and_writers_then_recover_continues(small_run, tmp_path):
+    run = tmp_path / "damaged"
+    shutil.copytree(small_run, run)
+    before = _attempts(run)
+    (run / "checkpoints.sqlite").write_bytes(b"this is not a database" * 100)
+    for command in ("resume", "show", "history"):
+        proc = run_cli(command, str(run))
+        assert proc.returncode == 2 and "recover" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    (run / "run.json").write_text("{broken")
+    proc = run_cli("recover", str(run), check=True)
+    assert "run.json restored" in proc.stdout and "2 evaluated attempts kept" in proc.stdout
+    assert len(list(run.glob("damaged-*/checkpoints.sqlite"))) == 1  # kept aside, not deleted
+    run_cli("resume", str(run), "--more", "1", "--quiet", check=True)
+    after = _attempts(run)
+    assert after[:2] == before and len(after) == 3  # nothing lost, nothing evaluated again
+    assert _show(run)["status"] == "finished"
+
+
+def test_branch_at_an_attempt_continues_from_its_code(small_run, tmp_path):
+    source = _attempts(small_run)
+    assert [a[0] for a in source] == ["c1.1", "c1.2"]
+    into = tmp_path / "at-c1.1"
+    proc = run_cli("branch", str(small_run), "--at-attempt", "c1.1", "--into", str(into), check=True)
+    assert "at attempt c1.1" in proc.stdout
+    assert _attempts(into) == source[:1]  # the branch's past ends at c1.1
+    assert json.loads((into / "run.json").read_text())["branched_from"]["attempt"] == "c1.1"
+    run_cli("resume", str(into), "--quiet", check=True)
+    nxt = _attempts(into)[1]
+    assert nxt[0] == "c1.2" and nxt[2] == "improve" and nxt[3] == "c1.1"  # built on c1.1's code
+    assert _attempts(small_run) == source  # the source run is only read
+    for bad, words in (("c9.9", "no attempt"), ("seed", "--at")):
+        proc = run_cli("branch", str(small_run), "--at-attempt", bad, "--into", str(tmp_path / bad))
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+
+
+def test_long_llm_call_heartbeat_and_failed_attempt_headline(tmp_path):
+    init = json.loads(script([insert("root", f"idea {i}") for i in range(3)], reflect=False))
+    replies = [Reply.hang(3.5, then=Reply.json(init)),  # a slow planner call
+               Reply.content("Here.\n```python\nimport torch\n\ndef kernel(:\n    pass\n```\n"),
+               Reply.json(json.loads(script([insert("root", "another idea")])))]
+    with FakeOpenAIServer(replies) as server:
+        proc = run_cli("run", str(SOFTMAX), "--run-dir", str(tmp_path / "llm"), "--iterations", "1", "--model",
+                       "fake-model", "--base-url", server.base_url, env={"KSEARCH_HEARTBEAT_S": "1"}, check=True)
+    assert "[llm] planner: waiting for fake-model, 1 s" in proc.stdout
+    assert "SyntaxError: invalid syntax (kernel.py, line 3)" in proc.stdout
