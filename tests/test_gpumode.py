@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import REPO, FakeOpenAIServer, Reply, insert, run_cli, script
 
 from ksearch_graph.gpumode import SEED_FILE, materialise_gpumode, upstream_args
