@@ -185,19 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from ksearch_graph.gpumode import materialise_gpumode
 
-    report, lines = {}, []
+    report = {}
     with tempfile.TemporaryDirectory(prefix="gpumode-task-") as tmp:
         task_dir = materialise_gpumode(problem, Path(tmp) / "task")
-        for submission in args.submissions:
+        for submission in args.submissions:  # each one's figures printed and written as soon as they are in
             print(f"[side-by-side] {submission}: ours", file=sys.stderr, flush=True)
             ours = ours_side(task_dir, submission, args.time_budget_s, args.timeout_s)
             print(f"[side-by-side] {submission}: upstream", file=sys.stderr, flush=True)
             upstream = upstream_side(problem, submission, args.upstream_runs, args.upstream_mode, args.timeout_s)
             report[str(submission)] = {"ours": ours, "upstream": upstream}
-            lines += table(str(submission), ours, upstream) + [""]
-    print("\n".join(lines))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+            print("\n".join(table(str(submission), ours, upstream) + [""]), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(report, indent=1))
     return 0
 
 
