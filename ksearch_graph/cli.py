@@ -319,11 +319,13 @@ def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None 
 @contextmanager
 def _task_folder(task_arg: str, definition: str | None):
     """The task folder for `ksearch run TASK`: a task folder (or its task.json) as it is; a FlashInfer-Trace
-    definition (a definitions/**.json file, or a dataset root with --definition) or a KernelBench problem (.py)
-    materialised into a temporary folder, which RunDir.create then copies into RUN_DIR/task."""
+    definition (a definitions/**.json file, or a dataset root with --definition), a KernelBench problem (.py) or a
+    GPU MODE problem folder (task.yml + reference.py) materialised into a temporary folder, which RunDir.create then
+    copies into RUN_DIR/task."""
     import tempfile
 
     from .flashinfer_trace import is_dataset_root, is_definition_file, materialise_definition
+    from .gpumode import is_problem_dir, materialise_gpumode
     from .kernelbench import is_problem_file, materialise_problem
 
     path = Path(task_arg)
@@ -340,10 +342,12 @@ def _task_folder(task_arg: str, definition: str | None):
             yield materialise_definition(path, Path(tmp) / "task", definition=definition)
         elif is_problem_file(path):
             yield materialise_problem(path, Path(tmp) / "task")
+        elif is_problem_dir(path):
+            yield materialise_gpumode(path, Path(tmp) / "task")
         else:
             raise TaskError(f"{path} is not a task: expected a task folder (with task.json), a FlashInfer-Trace "
-                            "definition (.json) or dataset root (with --definition NAME), or a KernelBench "
-                            "problem (.py)")
+                            "definition (.json) or dataset root (with --definition NAME), a KernelBench "
+                            "problem (.py), or a GPU MODE problem folder (with task.yml and reference.py)")
 
 
 def cmd_run(args) -> int:

@@ -276,13 +276,22 @@ def node_title(node: Node) -> str:
 
 
 ATTEMPT_COLUMNS = ["iter", "attempt", "cycle", "node", "prompt", "status", "score", "latency", "tokens", "eval s",
-                   "error (failures)"]
+                   "error (failures) / flags (passed)"]
+
+
+def attempt_flags(a: dict) -> str:
+    """A passed attempt's flags (things worth a second look, e.g. added_input_keys), from its stored result."""
+    try:
+        flags = json.loads(a.get("result") or "{}").get("flags") or []
+    except ValueError:
+        return ""
+    return "flags: " + ", ".join(map(str, flags)) if flags else ""
 
 
 def attempt_cells(facts: RunFacts, a: dict) -> list[str]:
     return [str(a["iteration"]), a["id"], a["cycle_id"], a["node_id"], a["prompt_kind"], a["status"],
             fmt_score(a["score"]), fmt_latency(a["latency_us"]), str(facts.tokens_per_attempt[a["id"]]),
-            f"{a['eval_s'] or 0:.1f}", "" if a["status"] == "passed" else log_headline(a["log_excerpt"])]
+            f"{a['eval_s'] or 0:.1f}", attempt_flags(a) if a["status"] == "passed" else log_headline(a["log_excerpt"])]
 
 
 # ---------------------------------------------------------------------------------------------- HTML

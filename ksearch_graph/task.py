@@ -103,6 +103,16 @@ class TaskSpec(BaseModel):
     # a Python file defining ``entry_point``, timed next to the reference in every evaluation.
     baseline: str | None = None
     template: TemplateSpec | None = None
+    # How a timed call is measured. device: behind a launch cover that holds the GPU while the host launches, so only
+    # device time counts (kernel speed). end_to_end: each call starts on an idle GPU, so its own host launch gaps
+    # count too, as GPU MODE and FlashInfer-Bench time (what a caller of the function waits). docs/gpumode.md.
+    timing: Literal["device", "end_to_end"] = "device"
+    # Cast output and reference to this dtype and compare values, the output's dtype not part of the contract
+    # (GPU MODE's checker compares in float32). None: the output's dtype must be the reference's.
+    compare_dtype: Literal["float32", "float64"] | None = None
+    # gpumode: the first correctness input set of each workload is drawn from the problem's own public seed (make_inputs
+    # gets seed 0), the others and every timed call from hidden seeds. Tasks made by ksearch_graph.gpumode.
+    input_source: Literal["task", "gpumode"] = "task"
 
 
 class Task(BaseModel):

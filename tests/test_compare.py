@@ -135,3 +135,14 @@ def test_same_treats_nan_as_equal_to_nan():
     assert not compare.same(a, torch.tensor([1.0, 2.0]))
     assert compare.same((a, {"k": 3}), (a.clone(), {"k": 3}))
     assert not compare.same(torch.tensor([1, 2]), torch.tensor([1, 3]))
+
+
+def test_as_dtype_compares_values_and_ignores_the_outputs_dtype():
+    """task.json "compare_dtype" (GPU MODE's checker): both sides cast to it, the output's dtype not checked."""
+    ref = torch.randn(64, 32)
+    tol = {"atol": 1e-2, "rtol": 1e-2, "matched_ratio": 1.0}
+    assert compare.compare(ref.half(), [ref], tol)[0] == "incorrect_dtype"
+    assert compare.compare(ref.half(), [ref], tol, "float32")[0] is None
+    assert compare.compare(ref.half() + 1, [ref], tol, "float32")[0] == "incorrect_numerical"
+    assert compare.compare(ref.half()[:8], [ref], tol, "float32")[0] == "incorrect_shape"
+    assert compare.compare(torch.ones(3, dtype=torch.int32), [torch.ones(3)], tol, "float32")[0] == "incorrect_dtype"

@@ -50,3 +50,24 @@ def test_fingerprints_are_bit_exact_checksums_of_any_tensor(monkeypatch):
     whole = tensors.fingerprint(chunked)
     monkeypatch.setattr(tensors, "CHECKSUM_CHUNK", 64)  # the int64 copies, a chunk at a time, add up the same
     assert tensors.fingerprint(chunked) == whole
+
+
+def test_keys_added_to_input_dicts_are_taken_off_and_named():
+    """A cache the candidate keeps in its input dict (weights["_cache"] = ...) is left out of what the judge checks
+    and named; a removed key or a replaced value stays in the structure, where the judge's comparison fails it."""
+    w = torch.ones(3)
+    inputs = (torch.zeros(2), {"w": w, "inner": {"b": w}}, [{"n": 3}])
+    skeleton = tensors.key_skeleton(inputs)
+    inputs[1]["_cache"] = w.t()
+    inputs[1]["inner"][7] = "x"
+    added = []
+    sent = tensors.without_added_keys(inputs, skeleton, added)
+    assert added == ["inputs[1]['_cache']", "inputs[1]['inner'][7]"]
+    assert type(sent) is tuple and type(sent[2]) is list and sent[1].keys() == {"w", "inner"}
+    assert sent[1]["inner"].keys() == {"b"} and sent[1]["w"] is w and "_cache" in inputs[1]  # the live dict kept
+    del inputs[2][0]["n"]
+    inputs[1]["w"] = w * 2
+    added = []
+    sent = tensors.without_added_keys(inputs, skeleton, added)
+    assert added == ["inputs[1]['_cache']", "inputs[1]['inner'][7]"] and sent[2] == [{}]
+    assert torch.equal(sent[1]["w"], w * 2)

@@ -176,6 +176,21 @@ def test_seed_solution_matches_reference(kind):
     assert torch.equal(data[0], pristine[0]) and torch.equal(data[1], pristine[1])
 
 
+@pytest.mark.parametrize("name", ["torch_fused", "triton_norm_gate"])
+def test_our_honest_candidates_take_upstreams_integer_masks(name, monkeypatch):
+    """GPU MODE's masked inputs carry an int64 mask (ours a float one); odd hidden sizes take the Triton kernel's
+    masked columns."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the module's kernel is defined
+    spec = importlib.util.spec_from_file_location(f"trimul_ours_{name}", OURS[name])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for params in (SMALL["cauchy-mask"], small(n=20, b=2, d=64, h=128, mask=True)):
+        (data,) = ref.make_inputs(params, seed=9, device="cpu")
+        x, mask, w, config = data
+        got = module.custom_kernel((x, mask.long(), w, config))
+        torch.testing.assert_close(got, ref.reference(data), atol=1e-4, rtol=1e-4)
+
+
 # --- end to end through the real evaluator, on a copy of the task cut down to tiny workloads --------------------
 
 SEED_WRAPPER = "from seed_impl import custom_kernel as seed_kernel\nimport torch\n\n\ndef custom_kernel(data):\n"
@@ -184,6 +199,10 @@ CANDIDATES = {
     "zeros": "return torch.zeros_like(data[0])",
     "mutates_input": "out = seed_kernel(data)\ndata[0].mul_(0.5)\nreturn out",
 }
+# Honest submissions of our own (GPU MODE's side-by-side runs them too): plain PyTorch, and one with a Triton kernel
+# (through the interpreter here).
+OURS = {name: Path(__file__).resolve().parent / "data" / "gpumode" / "trimul_candidates" / f"{name}.py"
+        for name in ("torch_fused", "triton_norm_gate")}
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +229,7 @@ def evaluated(tiny_task):
         else:
             lines = "".join(f"    {line}\n" for line in body.splitlines())
             jobs[name] = {"submission.py": SEED_WRAPPER + lines, "seed_impl.py": tiny_task.seed_source}
+    jobs |= {name: {"submission.py": path.read_text()} for name, path in OURS.items()}
     # Each child imports torch (seconds of CPU), so run them side by side.
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         futures = {n: pool.submit(evaluator.evaluate, tiny_task, files, attempt_id=f"trimul-{n}") for n, files in jobs.items()}
@@ -222,6 +242,13 @@ def test_evaluator_passes_seed_solution(evaluated):
     assert [w.workload for w in r.workloads] == ["tiny-normal-mask", "tiny-cauchy-nomask"]
     assert all(w.correct and w.max_abs_error < 1e-3 and w.runs >= 3 for w in r.workloads)
     assert r.score > 0 and math.isfinite(r.score)
+
+
+@pytest.mark.parametrize("name", sorted(OURS))
+def test_evaluator_passes_our_honest_candidates(evaluated, name):
+    r = evaluated[name]
+    assert r.status == Status.passed, r.log_excerpt
+    assert all(w.correct and w.max_abs_error < 1e-3 for w in r.workloads) and not r.flags
 
 
 def test_evaluator_rejects_zeros(evaluated):

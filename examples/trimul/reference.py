@@ -4,10 +4,19 @@ The harness calls ``make_inputs(params, seed, device)`` and then ``reference(*in
 GPU MODE submissions take one argument, ``data = (x, mask, weights, config)``, so make_inputs returns ``(data,)``.
 """
 
+import importlib.util
 import math
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
+
+# GPU MODE submissions start with `from task import input_t, output_t` (its task.py sits next to submission.py):
+# this folder's task.py is registered as the module `task` before any candidate is imported.
+_task_spec = importlib.util.spec_from_file_location("task", os.path.join(os.path.dirname(__file__), "task.py"))
+sys.modules["task"] = importlib.util.module_from_spec(_task_spec)
+_task_spec.loader.exec_module(sys.modules["task"])
 
 # Linear layers with no bias, [out, in] = [H, D]: the five projections of the normalised input.
 PROJECTIONS = ("left_proj", "right_proj", "left_gate", "right_gate", "out_gate")

@@ -41,8 +41,10 @@ def same(a, b) -> bool:
     return a == b
 
 
-def compare(out, expected: list, tol: dict) -> tuple[str | None, str, float, float]:
-    """Check one output against the expected tensors: (failure status or None, message, max abs, max rel error)."""
+def compare(out, expected: list, tol: dict, as_dtype: str | None = None) -> tuple[str | None, str, float, float]:
+    """Check one output against the expected tensors: (failure status or None, message, max abs, max rel error).
+    ``as_dtype`` (task.json "compare_dtype", e.g. "float32"): floating outputs and references cast to it and compared
+    by value, the output's dtype not checked (GPU MODE's checker)."""
     torch = load_torch()
     if isinstance(out, str):  # the runner sends the type name of anything that is not a tensor or tensors
         return "incorrect_shape", f"returned {out}, expected a torch.Tensor", math.inf, math.inf
@@ -57,6 +59,8 @@ def compare(out, expected: list, tol: dict) -> tuple[str | None, str, float, flo
         if tuple(o.shape) != tuple(r.shape):
             return ("incorrect_shape", f"{name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}", math.inf,
                     math.inf)
+        if as_dtype and o.is_floating_point() and r.is_floating_point():
+            o, r = o.to(getattr(torch, as_dtype)), r.to(getattr(torch, as_dtype))
         if o.dtype != r.dtype:
             return "incorrect_dtype", f"{name} has dtype {o.dtype}, expected {r.dtype}", math.inf, math.inf
         if o.device != r.device:

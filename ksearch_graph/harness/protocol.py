@@ -18,7 +18,8 @@ from ._torch import load_torch
 
 
 class Import(NamedTuple):
-    """Import (or build) the candidate: reference, solution_file, entry_point, kind, form."""
+    """Import (or build) the candidate: reference, solution_file, entry_point, kind, form; and timing (the task's
+    timing mode, Timer.use_timing)."""
     task: dict
 
 
@@ -78,6 +79,7 @@ class Flags(NamedTuple):
     interpreter_hooks: Any = None  # what guards.InterpreterHooks found, if anything
     library_patches: Any = None  # what guards.LibraryPatches found, if anything
     persisting_l2_bytes: Any = None  # a persisting L2 carve-out other than the device's own
+    added_input_keys: Any = None  # dict keys the candidate added to its inputs (tensors.without_added_keys), if any
 
 
 class Loaded(NamedTuple):

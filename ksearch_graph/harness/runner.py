@@ -34,7 +34,7 @@ from .protocol import (Burst, Call, Drop, Error, Exit, Flags, Import, Loaded, Ne
                        Warm, Warmed)
 from .reporting import Failure, Reported, clip, describe, progress  # noqa: E402
 from .tasks import load_module, prepare  # noqa: E402
-from .tensors import fingerprint, snapshot  # noqa: E402
+from .tensors import fingerprint, key_skeleton, snapshot, without_added_keys  # noqa: E402
 from .timer import Timer  # noqa: E402
 from .timing import timed_burst  # noqa: E402
 
@@ -112,7 +112,8 @@ class Runner:
         self.device, self.root = cfg["device"], cfg["candidate"]
         self.make_inputs = make_inputs
         self.entry = entry
-        self.held = []  # the last burst's (output, inputs) per timed call, until the judge has checked what it chose
+        # The last burst's (output, inputs, key_skeleton) per timed call, until the judge has checked what it chose.
+        self.held = []
         self.reference_calls = 0
         original = reference_module.reference
 
@@ -149,12 +150,20 @@ class Runner:
                 case Drop():
                     self.held = []
                 case Send(index):  # one of the last burst's calls, chosen by the judge after the burst
-                    out, inputs = self.held[index]
-                    self.conn.send(Output(out, inputs, None, 0.0, self.flags(patches=False)))
+                    out, inputs, skeleton = self.held[index]
+                    inputs, flags = self.sent_inputs(inputs, skeleton, self.flags(patches=False))
+                    self.conn.send(Output(out, inputs, None, 0.0, flags))
                 case Burst():
                     self.burst(msg)
                 case Call() | Warm():
                     self.call(msg)
+
+    @staticmethod
+    def sent_inputs(inputs, skeleton, flags: Flags) -> tuple:
+        """(inputs as sent to the judge, flags): dict keys the candidate added taken off and named in the flags."""
+        added = []
+        inputs = without_added_keys(inputs, skeleton, added)
+        return inputs, flags._replace(added_input_keys=added) if added else flags
 
     def inputs(self, workload: str, params: dict, seed: int) -> tuple:
         """(inputs, fn, args) of one seed; a failure here is the task's make_inputs failing in this process."""
@@ -181,7 +190,7 @@ class Runner:
         def next_call(k: int) -> tuple:
             self.conn.send(Next(k))
             inputs, fn, args = self.inputs(workload, params, self.conn.recv().seed)
-            kept.append(inputs)
+            kept.append((inputs, key_skeleton(inputs)))
             return fn, args
 
         try:
@@ -197,7 +206,7 @@ class Runner:
         except BaseException as e:  # the candidate's, SystemExit included
             self.conn.send(Error("runtime_error", describe(e, self.root)))
             raise Reported from None
-        self.held = [(out, inputs) for (out, *_), inputs in zip(done, kept)]
+        self.held = [(out, inputs, skeleton) for (out, *_), (inputs, skeleton) in zip(done, kept)]
         untimed = sorted(self.timer.untimed_us)
         self.conn.send(Timed([times for _, *times in done], prints, self.flags(),
                              untimed[len(untimed) // 2] if untimed else None))
@@ -208,6 +217,7 @@ class Runner:
         self.held = []
         inputs, fn, args = self.inputs(workload, params, seed)
         before = None if warm else fingerprint(inputs)
+        skeleton = key_skeleton(inputs)
         progress(f"{'warm' if warm else 'call'} {workload}")
         try:
             t0 = self.timer.perf()
@@ -219,7 +229,8 @@ class Runner:
             if warm:
                 self.conn.send(Warmed(seconds))
                 return
-            self.conn.send(Output(snapshot(out, self.timer.sync), inputs, before, seconds, self.flags()))
+            inputs, flags = self.sent_inputs(inputs, skeleton, self.flags())
+            self.conn.send(Output(snapshot(out, self.timer.sync), inputs, before, seconds, flags))
         except BaseException as e:
             status = "compile_error" if first and is_compiler_error(e) else "runtime_error"
             self.conn.send(Error(status, describe(e, self.root)))
@@ -272,6 +283,7 @@ def main() -> None:
     if not isinstance(msg, Import):
         return
     cfg.update(msg.task)
+    timer.use_timing(cfg.get("timing", "device"))
     try:
         reference_module = load_module("ksearch_task_inputs", cfg["reference"])
         sys.path[0] = cfg["candidate"]  # was the package's folder; candidates may import their own helper modules

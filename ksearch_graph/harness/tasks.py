@@ -48,6 +48,9 @@ def read_task(task_dir: str, only: list[str] | None) -> dict:
     task.setdefault("entry_kind", "function")
     task.setdefault("correctness_seeds", 3)
     task.setdefault("baseline", None)
+    task.setdefault("timing", "device")  # or "end_to_end" (Timer.end_to_end)
+    task.setdefault("compare_dtype", None)  # e.g. "float32" (compare.compare's as_dtype)
+    task.setdefault("input_source", "task")  # or "gpumode" (Judge.correctness_seed)
     task["tolerance"] = {"atol": 1e-5, "rtol": 1e-5, "matched_ratio": 1.0} | task.get("tolerance", {})
     for w in task["workloads"]:
         w.setdefault("timed", True)

@@ -95,6 +95,31 @@ def leaves(value):
 
 
 
+# Keys a candidate adds to its input dicts (a prepared-weights cache: weights["_cache"] = ...) change no input: they
+# are taken off the inputs sent back to the judge and named in the call's flags. A key removed, or a value replaced or
+# changed, still reaches the judge's check (compare.same) and fails there.
+def key_skeleton(value):
+    """The dict keys of an input structure, taken before the candidate's call (plain dicts, lists and tuples)."""
+    if type(value) is dict:
+        return {k: key_skeleton(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return [key_skeleton(v) for v in value]
+    return None
+
+
+def without_added_keys(value, skeleton, added: list, path: str = "inputs"):
+    """``value`` rebuilt without the dict keys ``skeleton`` lacks (the live structure is left as it is); their paths
+    go to ``added``."""
+    if type(value) is dict and isinstance(skeleton, dict):
+        added += [f"{path}[{k!r}]"[:120] for k in value if k not in skeleton]
+        return {k: without_added_keys(v, skeleton[k], added, f"{path}[{k!r}]") for k, v in value.items()
+                if k in skeleton}
+    if type(value) in (list, tuple) and isinstance(skeleton, list) and len(value) == len(skeleton):
+        return type(value)(without_added_keys(v, s, added, f"{path}[{i}]")
+                           for i, (v, s) in enumerate(zip(value, skeleton)))
+    return value
+
+
 def small_block_sizes(values) -> list[int]:
     """Bytes of the allocations behind the CUDA tensors among ``values`` that torch's caching allocator serves from
     its small pool (a view's is its storage's; a sparse tensor has none of its own)."""

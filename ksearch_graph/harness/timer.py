@@ -72,6 +72,19 @@ class Timer:
             self.flush = None
             self.runtime = None
             self.cover, self.cover_kind = None, "none (CPU)"
+        self.launch_cover, self.end_to_end = self.cover, False  # see use_timing
+
+    def use_timing(self, mode: str) -> None:
+        """The task's timing mode (task.json "timing"). "device": each timed call behind the launch cover, so only the
+        GPU's time counts; "end_to_end": the L2 flushed and the device idle before the start event, which then runs
+        when the host records it, so the call's own host launch gaps count too."""
+        self.end_to_end = mode == "end_to_end"
+        self.cover = self.idle_start if self.end_to_end and self.cuda else self.launch_cover
+
+    def idle_start(self) -> None:
+        """``cover``'s stand-in under end_to_end timing: the L2 flushed, then the device idle."""
+        self.zero_(self.flush)
+        self.sync()
 
     def time(self, fn, args) -> tuple:
         """(output, device us, tail us, probe us, host us) of one call, behind the launch cover, which flushes the L2
