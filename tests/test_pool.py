@@ -78,7 +78,7 @@ def _judges_of(pid: int) -> list[int]:
                 cmd = f.read()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == pid and b"_evaluate_child.py" in cmd:
+        if ppid == pid and b"harness/judge.py" in cmd:
             found.append(int(entry))
     return found
 
