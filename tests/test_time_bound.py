@@ -92,3 +92,12 @@ def test_quantile_interpolates_and_its_half_is_the_median():
     assert tb.quantile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
     assert tb.quantile([4.0, 1.0, 3.0, 2.0], 0.25) == pytest.approx(1.75)
     assert tb.quantile([7.0], 0.25) == 7.0
+
+
+def test_the_judges_interval_leaves_out_the_time_either_process_waited_to_run():
+    import os
+
+    stamps = [(0.0, 0.0), (0.010, 0.004), (0.013, 0.004)]  # 4 ms of the first call's 10 spent waiting to run
+    assert tb.call_spans_us(stamps) == pytest.approx([6000.0, 3000.0])
+    now, waited = tb.stamp(os.getpid())
+    assert now > 0 and waited >= 0

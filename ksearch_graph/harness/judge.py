@@ -201,14 +201,15 @@ class Judge:
                 len(seeds) * (1 + POLICY.fill_max) + 2) * 4 * call_s + heat_s
             reply = runner.request(Burst(name, params, len(seeds), derive_seed(self.base_seed, name, "heat", first),
                                          first == 0), deadline - time.monotonic(), where, expect=(Next, Timed))
-            served, stamps = 0, [time.perf_counter()]  # time_bound.py: when each call began, seen from here
+            pid = runner.proc.pid if self.device != "cuda" else None  # time_bound.py: its waits to run, on CPU
+            served, stamps = 0, [time_bound.stamp(pid)]  # time_bound.py: when each call began, seen from here
             while isinstance(reply, Next):  # each call's seed only once the previous call is done (Runner.burst)
                 if type(reply.index) is not int or reply.index != served or served >= len(seeds):
                     raise Failure("suspicious", f"{where}: the candidate's process asked for input set "
                                   f"{str(reply.index)[:40]!r} out of turn (next: {served})")
                 reply = runner.request(Seed(seeds[served]), max(0.0, deadline - time.monotonic()), where,
                                        expect=(Next, Timed))
-                stamps.append(time.perf_counter())
+                stamps.append(time_bound.stamp(pid))
                 served += 1
             if served != len(seeds):
                 raise Failure("suspicious", f"{where}: the candidate's process answered {type(reply).__name__} after "
@@ -283,10 +284,10 @@ class Judge:
                          "timed until the whole device was idle")
         return side.reported(times, tails), notes
 
-    def bound(self, name: str, stamps: list[float], device: list[float], where: str) -> dict | None:
+    def bound(self, name: str, stamps: list[tuple], device: list[float], where: str) -> dict | None:
         """time_bound.py's check of one burst of the candidate's: fails it where the judge's clock between its
         requests (``stamps``) leaves more device time than it reported; returns the figures for the trace."""
-        spans, cal = time_bound.intervals_us(stamps), self.calibration(name)
+        spans, cal = time_bound.call_spans_us(stamps), self.calibration(name)
         lie = time_bound.contradiction(spans, device, cal, self.power_limited[name])
         if lie:
             raise Failure("suspicious", f"{where}: {lie}: its timer was tampered with")

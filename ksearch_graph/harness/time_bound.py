@@ -22,8 +22,9 @@ millisecond on a GPU: TriMul, large matmuls) cannot report much less than itself
 the overhead's spread, so only lies of more than that spread are caught. On a power-limited workload the fillers'
 overshoot leaves the floor at ``1 / (1 + bound_fill_overshoot)`` of the call: only lies of more than ~4x are caught
 there. On CPU the calls are host work, and a loaded host's scheduler delays a share of the hand-overs between the
-processes by milliseconds (the more, the longer the call before it): there a burst's floor is the lower quantile
-``bound_quantile_cpu`` of its calls', and the slack ``bound_rel_slack_cpu`` of the call (lies of more than ~2x).
+processes by milliseconds: there the judge's interval leaves out the time either process waited on a run queue
+(``call_spans_us``), a burst's floor is the lower quantile ``bound_quantile_cpu`` of its calls', and the slack
+``bound_rel_slack_cpu`` of the call (lies of more than ~2x are caught).
 """
 
 from __future__ import annotations
@@ -64,6 +65,29 @@ def quantile(values: list[float], q: float) -> float:
 def intervals_us(stamps_s: list[float]) -> list[float]:
     """The time between consecutive stamps (s), in us."""
     return [(b - a) * 1e6 for a, b in zip(stamps_s, stamps_s[1:])]
+
+
+def run_queue_s(pid: int | str = "self") -> float:
+    """How long a process's main thread has waited on a run queue so far (s; the kernel's schedstat), 0 where the
+    kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) * 1e-9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def stamp(pid: int | None = None) -> tuple[float, float]:
+    """A timed call's boundary as the judge sees it: (now, how long this process and, with ``pid``, the candidate's
+    have waited on a run queue so far), in s."""
+    return time.perf_counter(), run_queue_s() + (run_queue_s(pid) if pid is not None else 0.0)
+
+
+def call_spans_us(stamps: list[tuple[float, float]]) -> list[float]:
+    """The judge's interval per call from its ``stamp``s, less the time either process waited to run in it: a loaded
+    host's scheduler, not the call (on CPU, where the calls are host work: 3-10 ms on about half the hand-overs of a
+    two-core host shared with other jobs)."""
+    return [(b - a - (wb - wa)) * 1e6 for (a, wa), (b, wb) in zip(stamps, stamps[1:])]
 
 
 def reference_overheads(stamps_s: list[float], device_us: list[float], fills_s: list[float]) -> list[float]:
