@@ -429,8 +429,8 @@ class Judge:
                                   "compiling (importing) the candidate", expect=Armed).check_us
         # Sent before any candidate code ran: trusted, only kept sane (time_bound.py)
         self.guard_us = min(check_us, 1e5) if isinstance(check_us, float) and check_us >= 0 else 0.0
-        compile_s = runner.request(None, max(0.0, args.compile_timeout_s - (time.perf_counter() - t0)),
-                                   "compiling (importing) the candidate", expect=Ready).compile_s
+        compile_s = runner.request(None, args.compile_timeout_s, "compiling (importing) the candidate",
+                                   expect=Ready).compile_s
         self.phases["waiting_for_compile"] = time.perf_counter() - t0
         result["compile_s"] = compile_s
 
