@@ -314,7 +314,7 @@ class Judge:
         if dropped:
             line["dropped"] = True
         if bound:  # time_bound.py's figures: the judge's interval per call and its calibration
-            line["bound"] = {k: [round(x, 1) for x in v] if isinstance(v, list) else round(v, 1)
+            line["bound"] = {k: [round(x, 1) for x in v] if isinstance(v, list) else round(v, 3)
                              for k, v in bound.items()}
         try:
             with open(self.trace_path, "a") as f:
