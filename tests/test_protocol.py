@@ -32,7 +32,9 @@ def test_every_reply_arrives_as_the_named_type_with_its_tensors():
         Output(x, [x.clone(), {"k": 2}], [((2, 3), "torch.float32", 1, 0, 2)], 0.5, Flags(power_limited=True)),
         Timed([[1.0, 2.0, 3.0, 4.0]], [[((2, 3), "torch.float32", 1, 0, 2)]], Flags(heat_s=0.2), None),
         Next(3), Error("runtime_error", "boom"), protocol.Loaded({"device": "cpu"}), protocol.Ready(1.5),
-        protocol.Warmed(0.1),
+        protocol.Warmed(0.1), protocol.Pong(), protocol.Armed(412.5),
+        Timed([[1.0, 2.0, 3.0, 4.0]], [None], Flags(harness_changed=["the timer.perf"], introspection=["gc.get_objects"]),
+              2.0),
     ]
     for reply in replies:
         got = through_the_socket(reply)
@@ -52,6 +54,8 @@ def test_the_judge_rebuilds_no_other_class_and_no_request_type():
     # Requests are the judge's own: a reply that claims to be one is refused like any other class.
     with pytest.raises(pickle.UnpicklingError, match="protocol.Burst"):
         through_the_socket(protocol.Burst("w", {}, 1, 2, True))
+    with pytest.raises(pickle.UnpicklingError, match="protocol.Ping"):
+        through_the_socket(protocol.Ping())
     # A reply type named with a dotted path (pickle protocol 4) reaches none of its methods.
     data = bytes(ForkingPickler.dumps(Next(1))).replace(b"\x8c\x04Next", b"\x8c\nNext._make")
     with pytest.raises(pickle.UnpicklingError):

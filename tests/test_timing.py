@@ -55,6 +55,8 @@ class _StandInRunner:
     in the bursts ``long_tails``, and ``flags``: power_limited, and its heat as a running total, ``first_heat_s``
     spent (slept) in the first burst, plus ``claimed_heat_s`` per burst that it only says it spent."""
 
+    proc = type("Process", (), {"pid": "self"})  # the judge reads its waits to run (time_bound.stamp): this one's
+
     def __init__(self, long_tails=(), call_us=lambda burst, call: 77.0 + burst, limited=False,
                  first_heat_s=0.0, claimed_heat_s=0.0):
         self.long_tails, self.call_us, self.limited = set(long_tails), call_us, limited
@@ -111,6 +113,8 @@ def _bare_judge(budget_s: float = 0.0, trace_path: str | None = None):
     j.min_runs, j.base_seed, j.rng, j.device = 10, 12345, random.Random(0), "cpu"
     j.args = SimpleNamespace(time_budget_s=budget_s, call_timeout_s=30.0)
     j.call_bytes, j.power_limited, j.trace_path = {"w": 1 << 10}, {}, trace_path
+    # time_bound.py's calibration: none kept with the reference timing, so no bound is judged here
+    j.ref_timing, j.round_trip_us, j.guard_us, j.fingerprint_us = {"w": {}}, (0.0, 0.0), 0.0, {}
     j.phases = {"timing_heat": 0.0, "timing_fill": 0.0, "reference": 0.0, "checks": 0.0}
     j.inputs = lambda w, seed: [torch.full((4,), float(seed % 1000))]
     j.reference = lambda inputs: inputs[0]

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 HARNESS_TESTS = ["tests/test_evaluation.py", "tests/test_judge.py", "tests/test_timing.py", "tests/test_gpu.py",
                  "tests/test_guards.py", "tests/test_tensors.py", "tests/test_protocol.py", "tests/test_cheats.py",
-                 "tests/test_trimul.py", "tests/test_compare.py"]
+                 "tests/test_forgery.py", "tests/test_time_bound.py", "tests/test_trimul.py", "tests/test_compare.py"]
 
 
 def run_tests(files: list[str]) -> dict:

@@ -53,14 +53,15 @@ if __name__ == "__main__" and not __package__:  # started by path: import the pa
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "ksearch_graph.harness"  # noqa: A001
 
+from . import time_bound  # noqa: E402
 from ._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
 from .compare import compare, same  # noqa: E402
 from .gpu import gpu_healthy  # noqa: E402
 from .guards import InterpreterHooks  # noqa: E402
 from .isolation import die_with_parent, harden  # noqa: E402
 from .policy import POLICY  # noqa: E402
-from .protocol import (Burst, Call, Drop, Flags, Import, Loaded, Next, Output, Ready, Seed, Send,  # noqa: E402
-                       Timed, Warm, Warmed)
+from .protocol import (Armed, Burst, Call, Drop, Flags, Import, Loaded, Next, Output, Ready, Seed,  # noqa: E402
+                       Send, Timed, Warm, Warmed)
 from .reporting import Failure, clip, describe, progress  # noqa: E402
 from .runner_process import RunnerProcess  # noqa: E402
 from .session import SEED_ENV, TRACE_ENV, JobWatch, Session, read_job, timing_lock  # noqa: E402
@@ -120,6 +121,8 @@ class Judge:
                         "reused from an earlier evaluation on this GPU": 0}
         self.call_bytes = {}  # per workload: one input set and its output, for the size of timing bursts
         self.power_limited = {}  # per workload: the candidate's heat found the GPU at its power limit
+        # time_bound.py: what the candidate's side adds to a timed call, measured here (run)
+        self.round_trip_us, self.guard_us, self.fingerprint_us = (0.0, 0.0), 0.0, {}
 
     def inputs(self, w: dict, seed: int):
         return self.ref.make_inputs(w["params"], seed, self.device)
@@ -146,9 +149,10 @@ class Judge:
                           burst_memory_bytes(self.device))
 
     def time_local(self, fn, w: dict, tag: str) -> dict:
-        """Reference or baseline timing: the candidate's procedure, run here on this side's functions."""
+        """Reference or baseline timing: the candidate's procedure, run here on this side's functions; also the
+        host time of each call's steps besides the call (time_bound.py's calibration)."""
         torch = load_torch()
-        times, hosts = [], []
+        times, hosts, overheads = [], [], []
         call = lambda k: prepare(fn, self.inputs(w, derive_seed(self.base_seed, w["name"], tag, k)),  # noqa
                                  self.task["entry_kind"], self.device)
         warm = self.inputs(w, derive_seed(self.base_seed, w["name"], tag, -1))
@@ -166,17 +170,27 @@ class Judge:
                 first, burst_started, heated = len(times), time.perf_counter(), self.timer.spent_s["heat"]
                 self.timer.untimed_us = []  # only the candidate's are checked; here they would just pile up
                 self.timer.heat(f, a, first == 0)
+                stamps, fills = [], []  # time_bound.py: this side's clock around each call, and its fillers
+
+                def next_call(k):
+                    stamps.append(time.perf_counter())
+                    fills.append(self.timer.spent_s["fill"])
+                    return call(first + k)  # noqa: B023 (called before the next iteration)
+
                 done = timed_burst(self.timer, self.burst_size(first, call_bytes, call_s, self.timer.power_limited),
-                                   lambda k: call(first + k),  # noqa: B023 (called before the next iteration)
-                                   filler=(f, a))
+                                   next_call, filler=(f, a))
+                stamps.append(time.perf_counter())
+                fills.append(self.timer.spent_s["fill"])
                 times += [us for _, us, *_ in done]
                 hosts += [host for *_, host in done]
+                overheads += time_bound.reference_overheads(stamps, [us for _, us, *_ in done], fills)
                 bursts.add(first, len(done), burst_started, self.timer.spent_s["heat"] - heated,
                            self.timer.power_limited)
                 self.trace(tag, w["name"], first, [call_times for _, *call_times in done])
                 del done
         times, on_host = honest_times(times, hosts)
-        return {"mean_us": statistics.fmean(times), "runs": len(times)} | ({"host_clock": True} if on_host else {})
+        return {"mean_us": statistics.fmean(times), "runs": len(times), "overheads_us": overheads} | (
+            {"host_clock": True} if on_host else {})
 
     def time_candidate(self, runner: RunnerProcess, w: dict) -> tuple[list[float], list[str]]:
         name, params, notes = w["name"], w["params"], []
@@ -201,13 +215,15 @@ class Judge:
                 len(seeds) * (1 + POLICY.fill_max) + 2) * 4 * call_s + heat_s
             reply = runner.request(Burst(name, params, len(seeds), derive_seed(self.base_seed, name, "heat", first),
                                          first == 0), deadline - time.monotonic(), where, expect=(Next, Timed))
-            served = 0
+            pid = runner.proc.pid if self.device != "cuda" else None  # time_bound.py: its waits to run, on CPU
+            served, stamps = 0, [time_bound.stamp(pid)]  # time_bound.py: when each call began, seen from here
             while isinstance(reply, Next):  # each call's seed only once the previous call is done (Runner.burst)
                 if type(reply.index) is not int or reply.index != served or served >= len(seeds):
                     raise Failure("suspicious", f"{where}: the candidate's process asked for input set "
                                   f"{str(reply.index)[:40]!r} out of turn (next: {served})")
                 reply = runner.request(Seed(seeds[served]), max(0.0, deadline - time.monotonic()), where,
                                        expect=(Next, Timed))
+                stamps.append(time_bound.stamp(pid))
                 served += 1
             if served != len(seeds):
                 raise Failure("suspicious", f"{where}: the candidate's process answered {type(reply).__name__} after "
@@ -238,8 +254,11 @@ class Judge:
                     raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) is negative or exceeds the "
                                   f"host time around the call ({host_us:.0f} us): the timer was tampered with")
             device = [us for us, _, _, _ in timed]
+            # time_bound.py; a burst that read 0 us throughout is judged on its host times, as it is reported
+            bound = self.bound(name, stamps, honest_times(device, [h for *_, h in timed])[0],
+                               f"{where}s {first + 1}-{made}")
             verdict = side.verdict(device, [tail - probe for _, tail, probe, _ in timed])
-            self.trace("candidate", name, first, timed, dropped=verdict == "drop")
+            self.trace("candidate", name, first, timed, dropped=verdict == "drop", bound=bound)
             if verdict == "drop":
                 notes.append(f"{name}: calls {first + 1}-{made} left {side.extra_us:.0f} us of device work past their "
                              "end event on average (work on another stream?); dropped and timed again")
@@ -288,7 +307,26 @@ class Judge:
                          "returned, or the work done on the host); timed by the host clock around each call instead")
         return times, notes
 
-    def trace(self, who: str, workload: str, first: int, calls: list, dropped: bool = False) -> None:
+    def bound(self, name: str, stamps: list[tuple], device: list[float], where: str) -> dict | None:
+        """time_bound.py's check of one burst of the candidate's: fails it where the judge's clock between its
+        requests (``stamps``) leaves more device time than it reported; returns the figures for the trace."""
+        spans, cal = time_bound.call_spans_us(stamps), self.calibration(name)
+        lie = time_bound.contradiction(spans, device, cal, self.power_limited[name])
+        if lie:
+            raise Failure("suspicious", f"{where}: {lie}: its timer was tampered with")
+        return cal and {"spans_us": spans, "overhead_us": cal.overhead_us, "noise_us": cal.noise_us,
+                        "rel_slack": cal.rel_slack, "quantile": cal.quantile}
+
+    def calibration(self, name: str) -> time_bound.Calibration | None:
+        """time_bound.py's calibration for a workload: the reference's per-call overheads, plus what only the
+        candidate's side does (round trip, fingerprint, integrity check); None where the reference timing kept none
+        (reused from a harness without them)."""
+        (trip, trip_spread), extra = self.round_trip_us, self.fingerprint_us.get(name, 0.0) + self.guard_us
+        return time_bound.calibrate(self.ref_timing[name].get("overheads_us", []), trip + extra, trip_spread,
+                                    cpu=self.device != "cuda")
+
+    def trace(self, who: str, workload: str, first: int, calls: list, dropped: bool = False,
+              bound: dict | None = None) -> None:
         """One burst's timed calls into the TRACE_ENV file, where one is named; ``at``: when the judge had them (wall
         clock, s), which spaces the bursts (the judge's checks come between a workload's); ``dropped``: by the
         SideStreamRule (not in the result)."""
@@ -298,6 +336,9 @@ class Judge:
                 "calls": [[round(v, 2) for v in c] for c in calls]}
         if dropped:
             line["dropped"] = True
+        if bound:  # time_bound.py's figures: the judge's interval per call and its calibration
+            line["bound"] = {k: [round(x, 1) for x in v] if isinstance(v, list) else round(v, 3)
+                             for k, v in bound.items()}
         try:
             with open(self.trace_path, "a") as f:
                 f.write(json.dumps(line) + "\n")
@@ -343,6 +384,12 @@ class Judge:
         if flags.library_patches:
             raise Failure("suspicious", f"{where}: the candidate replaced {named(flags.library_patches)}, which the "
                           "harness calls between making its inputs and timing it: its code would run there, untimed")
+        if flags.harness_changed:  # integrity.py
+            raise Failure("suspicious", f"{where}: the candidate changed the harness's own objects in its process "
+                          f"({named(flags.harness_changed)}): they time its calls, so its timings cannot be trusted")
+        if flags.introspection:  # audit.py
+            raise Failure("suspicious", f"{where}: the candidate reached for the harness's own objects "
+                          f"({named(flags.introspection)}): blocked, as it could change how its calls are timed")
         if flags.persisting_l2_bytes:
             raise Failure("suspicious", f"{where}: the candidate reserved {flags.persisting_l2_bytes} bytes of "
                           "persisting L2 cache, which survives the harness's cache flush")
@@ -397,6 +444,7 @@ class Judge:
             raise Failure("runtime_error", "the candidate's process and the judge see different devices")
         result["environment"].update(runner_info)
         self.phases["waiting_for_runner"] = time.perf_counter() - t0
+        self.round_trip_us = time_bound.round_trip_us(runner)
 
         # 2. Time the reference (and baseline) now, while no candidate code has run: once the candidate is imported,
         # work it leaves running (a GPU stream, a thread) could slow the reference down and inflate its speedup, and
@@ -406,8 +454,12 @@ class Judge:
                 self.time_reference(w)
 
         t0 = time.perf_counter()
-        compile_s = runner.request(Import(self.runner_task), args.compile_timeout_s,
-                                   "compiling (importing) the candidate", expect=Ready).compile_s
+        check_us = runner.request(Import(self.runner_task), args.compile_timeout_s,
+                                  "compiling (importing) the candidate", expect=Armed).check_us
+        # Sent before any candidate code ran: trusted, only kept sane (time_bound.py)
+        self.guard_us = min(check_us, 1e5) if isinstance(check_us, float) and check_us >= 0 else 0.0
+        compile_s = runner.request(None, args.compile_timeout_s, "compiling (importing) the candidate",
+                                   expect=Ready).compile_s
         self.phases["waiting_for_compile"] = time.perf_counter() - t0
         result["compile_s"] = compile_s
 
@@ -438,6 +490,10 @@ class Judge:
                                   "judge's before the call (make_inputs patched, or not deterministic)")
                 self.check_flags(flags, where)
                 self.note_added_keys(flags)
+                t1 = time.perf_counter()  # time_bound.py: the runner fingerprints every timed call's output
+                fingerprint(out)
+                self.fingerprint_us[name] = min(self.fingerprint_us.get(name, math.inf),
+                                                (time.perf_counter() - t1) * 1e6)
                 self.check(out, got_inputs, pristine, expected, where, results[name])
                 self.call_bytes[name] = nbytes(pristine) + nbytes(expected)
                 del out, got_inputs, pristine, expected

@@ -1,10 +1,11 @@
 """The messages between the judge and the candidate's process, as named types that pickle as plain data (a class
 reference and its fields), and the judge's strict reader of what the candidate's process sends.
 
-Judge to runner: ``Import`` once, then ``Call`` / ``Warm`` (one call on one seed's inputs), ``Burst`` (timed calls;
-the runner asks each call's seed with ``Next`` and gets a ``Seed``), ``Send`` / ``Drop`` (a held call of the last
-burst), ``Exit``. Runner to judge: ``Loaded`` (torch imported, no candidate code run yet), ``Ready`` (the candidate
-imported), ``Output``, ``Warmed``, ``Next``, ``Timed``, or ``Error`` for any of them.
+Judge to runner: ``Ping`` (answered ``Pong``: the round trip, before any candidate code runs), ``Import`` once, then
+``Call`` / ``Warm`` (one call on one seed's inputs), ``Burst`` (timed calls; the runner asks each call's seed with
+``Next`` and gets a ``Seed``), ``Send`` / ``Drop`` (a held call of the last burst), ``Exit``. Runner to judge:
+``Loaded`` (torch imported, no candidate code run yet), ``Pong``, ``Armed`` then ``Ready`` (the guards armed, then the
+candidate imported), ``Output``, ``Warmed``, ``Next``, ``Timed``, or ``Error`` for any of them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from typing import Any, NamedTuple
 from ._torch import load_torch
 
 # --- judge to runner ------------------------------------------------------------------------------------------------
+
+
+class Ping(NamedTuple):
+    """Answer at once (``Pong``): the judge measures the round trip for its bound on the timings (time_bound.py)."""
 
 
 class Import(NamedTuple):
@@ -80,11 +85,23 @@ class Flags(NamedTuple):
     library_patches: Any = None  # what guards.LibraryPatches found, if anything
     persisting_l2_bytes: Any = None  # a persisting L2 carve-out other than the device's own
     added_input_keys: Any = None  # dict keys the candidate added to its inputs (tensors.without_added_keys), if any
+    harness_changed: Any = None  # what integrity.py found changed among the harness's own objects, if anything
+    introspection: Any = None  # what audit.py blocked of the candidate's reach for them, if anything
 
 
 class Loaded(NamedTuple):
     """torch is imported and no candidate code has run: network_isolated, device, host_spin_wait, launch_cover."""
     info: dict
+
+
+class Pong(NamedTuple):
+    """The answer to a ``Ping``."""
+
+
+class Armed(NamedTuple):
+    """The guards against forged timing are armed (forgery.py) and no candidate code has run: ``check_us``, what their
+    check costs per timed call here (the shortest of a few), for the judge's bound (time_bound.py)."""
+    check_us: float
 
 
 class Ready(NamedTuple):
@@ -128,7 +145,7 @@ class Timed(NamedTuple):
     untimed_median_us: float | None
 
 
-REPLIES = (Flags, Loaded, Ready, Error, Output, Warmed, Next, Timed)
+REPLIES = (Flags, Loaded, Pong, Armed, Ready, Error, Output, Warmed, Next, Timed)
 
 
 class TensorsOnly(pickle.Unpickler):

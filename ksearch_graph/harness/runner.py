@@ -27,11 +27,12 @@ if __name__ == "__main__" and not __package__:  # started by path: import the pa
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "ksearch_graph.harness"  # noqa: A001
 
+from . import forgery  # noqa: E402
 from ._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
 from .guards import InterpreterHooks, LibraryPatches  # noqa: E402
 from .isolation import die_with_parent, isolate_network  # noqa: E402
-from .protocol import (Burst, Call, Drop, Error, Exit, Flags, Import, Loaded, Next, Output, Ready, Send, Timed,  # noqa: E402
-                       Warm, Warmed)
+from .protocol import (Armed, Burst, Call, Drop, Error, Exit, Flags, Import, Loaded, Next, Output, Ping, Pong,  # noqa: E402
+                       Ready, Send, Timed, Warm, Warmed)
 from .reporting import Failure, Reported, clip, describe, progress  # noqa: E402
 from .tasks import load_module, prepare  # noqa: E402
 from .tensors import fingerprint, key_skeleton, snapshot, without_added_keys  # noqa: E402
@@ -106,9 +107,10 @@ def _chain(exc):
 
 
 class Runner:
-    def __init__(self, conn, cfg: dict, reference_module, make_inputs, entry, timer: Timer, patches: LibraryPatches):
+    def __init__(self, conn, cfg: dict, reference_module, make_inputs, entry, timer: Timer, patches: LibraryPatches,
+                 guards: forgery.Guards | None = None):
         """``make_inputs``: the task's, bound before the candidate was imported (it could replace the module's)."""
-        self.conn, self.cfg, self.timer, self.patches = conn, cfg, timer, patches
+        self.conn, self.cfg, self.timer, self.patches, self.guards = conn, cfg, timer, patches, guards
         self.device, self.root = cfg["device"], cfg["candidate"]
         self.make_inputs = make_inputs
         self.entry = entry
@@ -136,7 +138,13 @@ class Runner:
                 persisting = now
         return Flags(reference_calls=self.reference_calls, power_limited=self.timer.power_limited,
                      heat_s=self.timer.spent_s["heat"], fill_s=self.timer.spent_s["fill"], interpreter_hooks=hooks,
-                     library_patches=replaced or None, persisting_l2_bytes=persisting)
+                     library_patches=replaced or None, persisting_l2_bytes=persisting,
+                     **(self.guards.flags() if self.guards is not None else {}))
+
+    def forged(self) -> Error | None:
+        """The failure the guards' findings make (forgery.py), for a failure that may come from a blocked reach for
+        the harness (audit.py raises into the candidate's code)."""
+        return self.guards.error() if self.guards is not None else None
 
     def serve(self) -> None:
         # Inference, as the judge calls the reference: a module's parameters would otherwise make every call record
@@ -204,7 +212,7 @@ class Runner:
         except Reported:
             raise
         except BaseException as e:  # the candidate's, SystemExit included
-            self.conn.send(Error("runtime_error", describe(e, self.root)))
+            self.conn.send(self.forged() or Error("runtime_error", describe(e, self.root)))
             raise Reported from None
         self.held = [(out, inputs, skeleton) for (out, *_), (inputs, skeleton) in zip(done, kept)]
         untimed = sorted(self.timer.untimed_us)
@@ -233,7 +241,7 @@ class Runner:
             self.conn.send(Output(snapshot(out, self.timer.sync), inputs, before, seconds, flags))
         except BaseException as e:
             status = "compile_error" if first and is_compiler_error(e) else "runtime_error"
-            self.conn.send(Error(status, describe(e, self.root)))
+            self.conn.send(self.forged() or Error(status, describe(e, self.root)))
             raise Reported from None  # after a CUDA error this process is unusable; the judge is done anyway
 
 
@@ -280,10 +288,14 @@ def main() -> None:
                       "host_spin_wait": bool(timer.runtime and timer.runtime.spin_wait),
                       "launch_cover": timer.cover_kind}))
     msg = conn.recv()
+    while isinstance(msg, Ping):  # the judge's round trip, for its own bound on the timings (time_bound.py)
+        conn.send(Pong())
+        msg = conn.recv()
     if not isinstance(msg, Import):
         return
     cfg.update(msg.task)
     timer.use_timing(cfg.get("timing", "device"))
+    guards = None
     try:
         reference_module = load_module("ksearch_task_inputs", cfg["reference"])
         sys.path[0] = cfg["candidate"]  # was the package's folder; candidates may import their own helper modules
@@ -291,18 +303,27 @@ def main() -> None:
         timer.hooks = InterpreterHooks()  # what the process has before the candidate's code first runs
         patches = LibraryPatches(reference_module)
         make_inputs = reference_module.make_inputs
+        guards = forgery.arm(cfg["candidate"], timer, {  # integrity.py's snapshot and audit.py's hook
+            "the interpreter hooks": (timer.hooks, ()), "the power gauge": (timer.gauge, ()),
+            "the CUDA runtime": (timer.runtime, ()), "the launch cover": (timer.cover, ()),
+            "the library patches": (patches, ()), "the connection": (conn, ())})
+        conn.send(Armed(guards.check_us()))  # sent before any candidate code runs: the judge can trust it
         t0 = time.perf_counter()
         entry = load_candidate(cfg)
         compile_s = time.perf_counter() - t0
+        if guards.error():  # what the candidate's import did
+            raise Failure("suspicious", "")
     except Failure as f:
-        conn.send(Error(f.status, f.message))
+        conn.send((guards and guards.error()) or Error(f.status, f.message))
         return
     except BaseException as e:
         conn.send(start_failure(e, cfg))
         return
     conn.send(Ready(compile_s))
     try:
-        Runner(conn, cfg, reference_module, make_inputs, entry, timer, patches).serve()
+        runner = Runner(conn, cfg, reference_module, make_inputs, entry, timer, patches, guards)
+        guards.watch("the runner", runner, ("held", "reference_calls"))
+        runner.serve()
     except Reported:
         pass
 

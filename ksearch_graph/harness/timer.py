@@ -26,6 +26,9 @@ class Timer:
     not call.
     """
 
+    # What the harness itself changes on a timer once it is made; integrity.py watches every other attribute.
+    STATE = ("untimed_us", "heated", "limited", "limited_by", "heat_trace", "spent_s", "output_small_sizes")
+
     def __init__(self, device: str):
         torch = load_torch()
         self.cuda = device == "cuda"
@@ -33,6 +36,7 @@ class Timer:
         # Python's garbage collector stays off through each timed call (see time); bound here like the CUDA calls.
         self.gc_disable, self.gc_enable, self.gc_isenabled = gc.disable, gc.enable, gc.isenabled
         self.hooks: InterpreterHooks | None = None  # the candidate's process sets one (see InterpreterHooks)
+        self.guard = None  # the candidate's process: integrity.py's check, run before each timed call (forgery.py)
         self.zero_ = torch.Tensor.zero_
         self.empty, self.uint8 = torch.empty, torch.uint8
         self.output_small_sizes: list[int] = []  # bytes of the small tensors of the last untimed call's output
@@ -62,13 +66,16 @@ class Timer:
 
             self.Event = lambda enable_timing=True: event_new(Event, enable_timing=enable_timing)
             self.record = lambda event: record(event, current_stream())
-            self.elapsed = torch.cuda.Event.elapsed_time
-            self.event_sync = torch.cuda.Event.synchronize
+            # The C methods under torch's Python ones: nothing a candidate can rebind runs between them and the clock.
+            base = torch._C._CudaEventBase
+            self.elapsed = getattr(base, "elapsed_time", torch.cuda.Event.elapsed_time)
+            self.event_sync = getattr(base, "synchronize", torch.cuda.Event.synchronize)
             self.sync = torch._C._cuda_synchronize  # device-wide
             self.gauge = PowerGauge(self.runtime.pci_bus_id())
             self.cover, self.cover_kind = launch_cover(self.flush)
         else:
             self.sync = lambda: None
+            self.elapsed = self.record = self.event_sync = None  # CUDA only
             self.flush = None
             self.runtime = None
             self.cover, self.cover_kind = None, "none (CPU)"
@@ -131,31 +138,37 @@ class Timer:
                 self.gc_enable()
 
     def _time(self, fn, args) -> tuple:
+        # What the call's measurement uses, bound before the candidate's code runs in it: what the call rebinds on
+        # the timer reaches no clock read of this call, and the guard (integrity.py) sees it before the next.
+        perf, elapsed, sync, record, event_sync, hooks, gc_disable = (
+            self.perf, self.elapsed, self.sync, self.record, self.event_sync, self.hooks, self.gc_disable)
+        if self.guard is not None:
+            self.guard()
         if not self.cuda:
-            t0 = self.perf()
+            t0 = perf()
             out = fn(*args)
-            self.gc_disable()  # the candidate may have turned it on (see time_and_copy)
-            if self.hooks is not None:
-                self.hooks.disarm()
-            us = (self.perf() - t0) * 1e6
+            gc_disable()  # the candidate may have turned it on (see time_and_copy)
+            if hooks is not None:
+                hooks.disarm()
+            us = (perf() - t0) * 1e6
             return out, us, 0.0, 0.0, us
         if self.runtime is not None:
             self.runtime.reset_persisting_l2()
         probe = min(self.idle_gap_us(), self.idle_gap_us())
         start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
         self.cover()  # flushes the L2, then holds the GPU while the call is launched (see POLICY.cover_s)
-        h0 = self.perf()
-        self.record(start)
+        h0 = perf()
+        record(start)
         out = fn(*args)
-        self.gc_disable()  # the candidate may have turned it on (see time_and_copy)
-        if self.hooks is not None:  # first: what a hook does before this is timed (see InterpreterHooks)
-            self.hooks.disarm()
-        self.record(end)
-        self.sync()  # waits for every stream of the device
-        h1 = self.perf()
-        self.record(idle)
-        self.event_sync(idle)
-        return out, self.elapsed(start, end) * 1e3, self.elapsed(end, idle) * 1e3, probe, (h1 - h0) * 1e6
+        gc_disable()  # the candidate may have turned it on (see time_and_copy)
+        if hooks is not None:  # first: what a hook does before this is timed (see InterpreterHooks)
+            hooks.disarm()
+        record(end)
+        sync()  # waits for every stream of the device
+        h1 = perf()
+        record(idle)
+        event_sync(idle)
+        return out, elapsed(start, end) * 1e3, elapsed(end, idle) * 1e3, probe, (h1 - h0) * 1e6
 
     def back_to_back(self, fn, args, seconds: float, min_calls: int = 1, while_busy=None) -> None:
         """Untimed calls as ``do_bench`` makes them: flush, call, flush, call, ... with no synchronize between, so the

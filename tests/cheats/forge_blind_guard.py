@@ -1,0 +1,50 @@
+"""Cheat class: timing, an informed attacker that blinds the in-process guards before forging the clock (invented).
+
+How it cheats: it has read the harness's source. Walking up from its own frame (no audit event) it finds the
+integrity check's snapshot (held by the runner's ``guards``, a forgery.Guards) and writes its forged clock into the
+snapshot itself, so the check compares the forgery with the forgery; then it makes the timer's clocks read a thousandth of the time. Its
+call is honest but slow (80 ms of waiting on top of the matmul), so the lie is gross: ~80 us reported for ~80 ms.
+Expected: suspicious, by the judge's own clock (harness/time_bound.py): the process that reports the times cannot
+shorten the judge's interval around each call.
+"""
+
+import sys
+import time
+
+import torch
+
+SCALE = 0.001
+WAIT_S = 0.08
+_done = []
+
+
+def _blind_and_forge(frame):
+    timer = snapshot = None
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            if hasattr(value, "perf") and hasattr(value, "heat"):
+                timer = value
+            # forgery.Guards: its integrity check's guard holds the snapshot (``kept``: label, live namespace, before)
+            kept = getattr(getattr(getattr(value, "integrity", None), "integrity", None), "kept", None)
+            if isinstance(kept, list):
+                snapshot = kept
+        frame = frame.f_back
+    if timer is None or snapshot is None:
+        return
+    fakes = {"perf": (lambda real: lambda: real() * SCALE)(timer.perf)}
+    if getattr(timer, "elapsed", None) is not None:
+        fakes["elapsed"] = (lambda real: lambda a, b: real(a, b) * SCALE)(timer.elapsed)
+    namespace = vars(timer)
+    for _label, live, before, _mutable in snapshot:
+        if live is namespace:
+            for name, fake in fakes.items():
+                before[name] = (fake, None)
+    namespace.update(fakes)
+    _done.append(timer)
+
+
+def kernel(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if not _done:
+        _blind_and_forge(sys._getframe(0))
+    time.sleep(WAIT_S)
+    return torch.relu(x @ w)

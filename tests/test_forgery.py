@@ -1,0 +1,97 @@
+"""Planted cheats that forge the timing from inside the candidate's process, against the harness's own objects.
+
+Each tests/cheats/forge_*.py candidate (but forge_result and forge_later, which forge the result file: test_cheats.py)
+computes the right answer honestly and attacks the timer that measures it: found through the garbage collector, by
+walking frames, tracebacks or threads' frames, through the runner's module, or by walking the object graph; changed by
+rebinding, by swapping code, by editing closure cells, through ctypes, by a thread that patches and restores, by a
+clock that restores itself, or by rewriting the message that carries the timings. Every one must be judged
+``suspicious`` (harness/audit.py blocks the search, harness/integrity.py sees the change, harness/time_bound.py's
+clock contradicts what an attacker that blinded both reports), on CPU here and on a GPU
+(``pytest -m '' tests/test_forgery.py`` on the GPU host), and the honest candidate must still pass.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ksearch_graph.evaluation import EvalResult, Status
+from ksearch_graph.harness.client import SubprocessEvaluator
+from ksearch_graph.task import load_task
+
+CHEATS = Path(__file__).resolve().parent / "cheats"
+# What each cheat must be caught by, as the log names it: audit.py's block or integrity.py's change.
+BLOCKED, CHANGED = "reached for the harness's own objects", "changed the harness's own objects"
+BOUND = "the judge's clock"  # harness/time_bound.py: what an attacker that blinds the in-process guards meets
+FORGERIES = {
+    "forge_gc_class": BLOCKED, "forge_gc_scan": BLOCKED, "forge_thread_frames": BLOCKED,
+    "forge_getframe_depth": BLOCKED, "forge_code": BLOCKED, "forge_ctypes": BLOCKED, "forge_object_walk": BLOCKED,
+    "forge_frames": CHANGED, "forge_traceback": CHANGED, "forge_runner_class": CHANGED, "forge_cell": CHANGED,
+    "forge_patch_restore": CHANGED, "forge_self_restoring": CHANGED,
+    "forge_message": CHANGED, "forge_blind_guard": BOUND,
+}
+GPU_PARAMS = {"square": {"m": 2048, "k": 2048, "n": 2048}, "skinny": {"m": 16, "k": 4096, "n": 2048}}
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def show(r: EvalResult) -> str:
+    return f"status={r.status.value} score={r.score:.4g} latency_us={r.latency_us}\nlog_excerpt:\n{r.log_excerpt}"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, EvalResult]:
+    import json
+
+    folder = tmp_path_factory.mktemp("forgery-task") / "task"
+    shutil.copytree(CHEATS / "task", folder)
+    on_gpu = _cuda()
+    if on_gpu:
+        spec = json.loads((folder / "task.json").read_text())
+        for w in spec["workloads"]:
+            w["params"] = GPU_PARAMS[w["name"]]
+        (folder / "task.json").write_text(json.dumps(spec, indent=2))
+    task = load_task(folder)
+    workdir = tempfile.mkdtemp(prefix="kf-")  # short: AF_UNIX socket paths live under it
+    ev = SubprocessEvaluator(timeout_s=300 if on_gpu else 180, time_budget_s=0.5 if on_gpu else 0.2, workdir=workdir)
+    names = ["honest", *FORGERIES]
+
+    def run(name: str) -> EvalResult:
+        return ev.evaluate(task, {"kernel.py": (CHEATS / f"{name}.py").read_text()}, attempt_id=f"forgery-{name}")
+
+    try:
+        with ThreadPoolExecutor(max_workers=1 if on_gpu else 2) as pool:
+            yield dict(zip(names, pool.map(run, names)))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_the_honest_candidate_still_passes(results):
+    r = results["honest"]
+    assert r.status == Status.passed and r.score > 0, show(r)
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_forging_the_timer_is_suspicious(results, name):
+    r = results[name]
+    assert r.status == Status.suspicious and r.score == 0, show(r)
+    assert FORGERIES[name] in r.log_excerpt, show(r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_forging_the_timer_is_suspicious_on_a_gpu(results, name):
+    """The same cheats where the timer reads CUDA events: on the GPU host, ``pytest -m gpu tests/test_forgery.py``."""
+    assert _cuda(), "needs a CUDA GPU"
+    r = results[name]
+    assert r.status == Status.suspicious and r.score == 0, show(r)
