@@ -324,7 +324,8 @@ def _task_folder(task_arg: str, definition: str | None):
     copies into RUN_DIR/task."""
     import tempfile
 
-    from .flashinfer_trace import is_dataset_root, is_definition_file, materialise_definition
+    from .flashinfer_trace import is_dataset_root, is_definition_file
+    from .flashinfer_trace_task import materialise_definition
     from .gpumode import is_problem_dir, materialise_gpumode
     from .kernelbench import is_problem_file, materialise_problem
 
