@@ -6,7 +6,7 @@ best distinct passing kernels, each into ``out_dir/<attempt id>/``, the run's be
 ``export_best(..., format="flashinfer-trace")`` (``ksearch export DIR --format flashinfer-trace``) writes the run as
 a FlashInfer-Trace dataset folder instead: ``OUT/solutions/<name>.json`` (one Solution per distinct evaluated code,
 the best ones included), ``OUT/traces/<definition>.jsonl`` (every evaluation, failed ones too) and, for a task that
-came from FlashInfer-Trace, ``OUT/definitions/<name>.json``; see ``flashinfer_trace.export_flashinfer_trace``.
+came from FlashInfer-Trace, ``OUT/definitions/<name>.json``; see ``flashinfer_trace_export.export_flashinfer_trace``.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def export_best(run_dir: str | Path, out_dir: str | Path, *, top: int = 1, forma
 
 def export_flashinfer(run_dir: str | Path, out_dir: str | Path, *, top: int = 1) -> dict[str, list[Path]]:
     """The run as a FlashInfer-Trace folder: {"best", "solutions", "traces", "definitions"} -> paths written."""
-    from .flashinfer_trace import export_flashinfer_trace
+    from .flashinfer_trace_export import export_flashinfer_trace
 
     return export_flashinfer_trace(run_dir, out_dir, top=top)
 

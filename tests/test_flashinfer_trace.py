@@ -18,14 +18,9 @@ from flashinfer_bench import Workload as FIWorkload
 from safetensors.torch import load_file
 
 from ksearch_graph.export import export_best
-from ksearch_graph.flashinfer_trace import (
-    META_FILE,
-    export_flashinfer_trace,
-    materialise_definition,
-    safetensors_header,
-    spread,
-    workload_uuid,
-)
+from ksearch_graph.flashinfer_trace import safetensors_header
+from ksearch_graph.flashinfer_trace_export import export_flashinfer_trace, workload_uuid
+from ksearch_graph.flashinfer_trace_task import META_FILE, materialise_definition, spread
 from ksearch_graph.task import TaskError, load_task
 from conftest import load_module
 

@@ -33,7 +33,8 @@ def small_run(tmp_path_factory) -> Path:
 
 
 def test_cli_defaults_are_the_settings_defaults():
-    from ksearch_graph.cli import _config_from_args, build_parser
+    from ksearch_graph.cli import build_parser
+    from ksearch_graph.cli_search import _config_from_args
     from ksearch_graph.config import SearchConfig
 
     args = build_parser().parse_args(["run", str(SOFTMAX)])

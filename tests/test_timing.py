@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ksearch_graph.harness.policy import POLICY
-from ksearch_graph.harness import _torch, judge, protocol, tensors, timing
+from ksearch_graph.harness import _torch, judge, protocol, reporting, tensors, timing
 from ksearch_graph.harness.timer import Timer
 
 
@@ -112,7 +112,7 @@ def _bare_judge(budget_s: float = 0.0, trace_path: str | None = None):
     j = judge.Judge.__new__(judge.Judge)
     j.min_runs, j.base_seed, j.rng, j.device = 10, 12345, random.Random(0), "cpu"
     j.args = SimpleNamespace(time_budget_s=budget_s, call_timeout_s=30.0)
-    j.call_bytes, j.power_limited, j.trace_path = {"w": 1 << 10}, {}, trace_path
+    j.call_bytes, j.power_limited, j.timing_trace = {"w": 1 << 10}, {}, reporting.TimingTrace(trace_path)
     # time_bound.py's calibration: none kept with the reference timing, so no bound is judged here
     j.ref_timing, j.round_trip_us, j.guard_us, j.fingerprint_us = {"w": {}}, (0.0, 0.0), 0.0, {}
     j.phases = {"timing_heat": 0.0, "timing_fill": 0.0, "reference": 0.0, "checks": 0.0}

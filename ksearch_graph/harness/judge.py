@@ -35,13 +35,10 @@ Order of work:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import faulthandler
-import json
 import math
 import os
-import platform
 import random
 import secrets
 import statistics
@@ -62,14 +59,16 @@ from .isolation import die_with_parent, harden  # noqa: E402
 from .policy import POLICY  # noqa: E402
 from .protocol import (Armed, Burst, Call, Drop, Flags, Import, Loaded, Next, Output, Ready, Seed,  # noqa: E402
                        Send, Timed, Warm, Warmed)
-from .reporting import Failure, clip, describe, progress  # noqa: E402
+from .reply_checks import check_burst_timings, check_flags  # noqa: E402
+from .reporting import Failure, TimingTrace, clip, describe, progress  # noqa: E402
+from .results import new_result, summarise, write_signed  # noqa: E402
 from .runner_process import RunnerProcess  # noqa: E402
-from .session import SEED_ENV, TRACE_ENV, JobWatch, Session, read_job, timing_lock  # noqa: E402
-from .tasks import candidate_form, derive_seed, load_module, prepare, read_task  # noqa: E402
+from .session import SEED_ENV, TRACE_ENV, JobWatch, Session, read_arguments, read_job, timing_lock  # noqa: E402
+from .tasks import candidate_form, derive_seed, load_module, prepare, read_task, timings_key  # noqa: E402
 from .tensors import as_tensors, clone, fingerprint, nbytes  # noqa: E402
 from .timer import Timer  # noqa: E402
-from .timing import (Bursts, SideStreamRule, burst_memory_bytes, burst_size, precise_enough,  # noqa: E402
-                     timed_burst)
+from .timing import (Bursts, SideStreamRule, burst_memory_bytes, burst_size, honest_times,  # noqa: E402
+                     precise_enough, timed_burst)
 
 AHEAD = "timing the reference while waiting for the job"  # client.py's _AHEAD: no candidate code has run yet
 RESULT_KEY_ENV = "KSEARCH_RESULT_KEY"  # signs the result file, so a forged or overwritten one is recognised
@@ -89,7 +88,7 @@ class Judge:
         self.base_seed = int(os.environ.pop(SEED_ENV)) if hidden else secrets.randbits(62)
         self.rng = random.Random(secrets.randbits(64))  # which timed calls get re-checked
         self.timer = timer  # the Session's: made before this process's CUDA context (see gpu.CudaRuntime)
-        self.trace_path = os.environ.get(TRACE_ENV)
+        self.timing_trace = TimingTrace(os.environ.get(TRACE_ENV))
         self.timer.heated = False  # the first heat here may start from a GPU that cooled while this process waited
         self.timer.use_timing(task["timing"])
         self.added_keys: list[str] = []  # keys the candidate added to its input dicts (a cache): flagged, not failed
@@ -186,7 +185,7 @@ class Judge:
                 overheads += time_bound.reference_overheads(stamps, [us for _, us, *_ in done], fills)
                 bursts.add(first, len(done), burst_started, self.timer.spent_s["heat"] - heated,
                            self.timer.power_limited)
-                self.trace(tag, w["name"], first, [call_times for _, *call_times in done])
+                self.timing_trace.write(tag, w["name"], first, [call_times for _, *call_times in done])
                 del done
         times, on_host = honest_times(times, hosts)
         return {"mean_us": statistics.fmean(times), "runs": len(times), "overheads_us": overheads} | (
@@ -229,36 +228,19 @@ class Judge:
                 raise Failure("suspicious", f"{where}: the candidate's process answered {type(reply).__name__} after "
                               f"{served} of {len(seeds)} input sets, not its timings")
             timed, prints, flags, untimed = reply
-            self.check_flags(flags, where)
+            check_flags(flags, where)
             self.power_limited[name] = flags.power_limited is True
             for part in ("heat", "fill"):  # the process's totals so far: informative only, so just kept sane
                 spent = getattr(flags, f"{part}_s")
                 if isinstance(spent, float) and 0 <= spent < 1e6:
                     self.phases[f"timing_{part}"] = spent
-            if not (isinstance(timed, list) and isinstance(prints, list) and len(timed) == len(prints) == len(seeds)
-                    and all(isinstance(t, (list, tuple)) and len(t) == 4 and all(
-                        isinstance(v, float) and math.isfinite(v) and v >= -1e6 for v in t) for t in timed)
-                    and (untimed is None or isinstance(untimed, float) and math.isfinite(untimed))):
-                raise Failure("suspicious", f"{where}: the candidate's process sent timings that are not "
-                              f"{len(seeds)} sets of 4 finite numbers (device, tail, probe, host)")
-            # Against the fastest timed call: a timed call slowed by the GPU (a clock state, another process) must
-            # not make an honest candidate suspicious.
-            fastest = min(t[0] for t in timed)
-            if untimed is not None and untimed < POLICY.untimed_ratio * fastest:
-                raise Failure("suspicious", f"{where}: untimed calls on repeated inputs (the heat before the timed "
-                              f"calls) took {untimed:.1f} us, the fastest timed call on fresh inputs "
-                              f"{fastest:.1f} us: "
-                              "the candidate does less work when it sees inputs again (cached results?)")
-            for us, tail, probe, host_us in timed:
-                if us < 0 or us > host_us * 1.05 + 50:
-                    raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) is negative or exceeds the "
-                                  f"host time around the call ({host_us:.0f} us): the timer was tampered with")
+            check_burst_timings(timed, prints, untimed, len(seeds), where)
             device = [us for us, _, _, _ in timed]
             # time_bound.py; a burst that read 0 us throughout is judged on its host times, as it is reported
             bound = self.bound(name, stamps, honest_times(device, [h for *_, h in timed])[0],
                                f"{where}s {first + 1}-{made}")
             verdict = side.verdict(device, [tail - probe for _, tail, probe, _ in timed])
-            self.trace("candidate", name, first, timed, dropped=verdict == "drop", bound=bound)
+            self.timing_trace.write("candidate", name, first, timed, dropped=verdict == "drop", bound=bound)
             if verdict == "drop":
                 notes.append(f"{name}: calls {first + 1}-{made} left {side.extra_us:.0f} us of device work past their "
                              "end event on average (work on another stream?); dropped and timed again")
@@ -325,27 +307,6 @@ class Judge:
         return time_bound.calibrate(self.ref_timing[name].get("overheads_us", []), trip + extra, trip_spread,
                                     cpu=self.device != "cuda")
 
-    def trace(self, who: str, workload: str, first: int, calls: list, dropped: bool = False,
-              bound: dict | None = None) -> None:
-        """One burst's timed calls into the TRACE_ENV file, where one is named; ``at``: when the judge had them (wall
-        clock, s), which spaces the bursts (the judge's checks come between a workload's); ``dropped``: by the
-        SideStreamRule (not in the result)."""
-        if not self.trace_path:
-            return
-        line = {"who": who, "workload": workload, "first": first, "at": round(time.time(), 4),
-                "calls": [[round(v, 2) for v in c] for c in calls]}
-        if dropped:
-            line["dropped"] = True
-        if bound:  # time_bound.py's figures: the judge's interval per call and its calibration
-            line["bound"] = {k: [round(x, 1) for x in v] if isinstance(v, list) else round(v, 3)
-                             for k, v in bound.items()}
-        try:
-            with open(self.trace_path, "a") as f:
-                f.write(json.dumps(line) + "\n")
-        except OSError as e:  # a diagnostic: it must not fail the evaluation
-            progress(f"timing trace off: cannot write {self.trace_path}: {e}")
-            self.trace_path = None
-
     # -- checks ----------------------------------------------------------------------------------------------------
 
     def check(self, out, got_inputs, pristine, expected, where: str, row: dict | None = None) -> tuple[float, float]:
@@ -369,30 +330,6 @@ class Judge:
         added = getattr(flags, "added_input_keys", None)
         if isinstance(added, list):
             self.added_keys += [str(k)[:120] for k in added[:20] if str(k)[:120] not in self.added_keys]
-
-    def check_flags(self, flags: Flags, where: str) -> None:
-        if not isinstance(flags, Flags):
-            raise Failure("suspicious", f"{where}: the candidate's process sent {type(flags).__name__[:40]} where its "
-                          "flags belong")
-
-        def named(found) -> str:  # what the candidate's process listed (its own data: any type)
-            return (", ".join(map(str, found)) if isinstance(found, list) else str(found))[:300]
-
-        if flags.interpreter_hooks:
-            raise Failure("suspicious", f"{where}: the candidate installed {named(flags.interpreter_hooks)}: Python "
-                          "would run its code between a call's return and the copy of its output, untimed")
-        if flags.library_patches:
-            raise Failure("suspicious", f"{where}: the candidate replaced {named(flags.library_patches)}, which the "
-                          "harness calls between making its inputs and timing it: its code would run there, untimed")
-        if flags.harness_changed:  # integrity.py
-            raise Failure("suspicious", f"{where}: the candidate changed the harness's own objects in its process "
-                          f"({named(flags.harness_changed)}): they time its calls, so its timings cannot be trusted")
-        if flags.introspection:  # audit.py
-            raise Failure("suspicious", f"{where}: the candidate reached for the harness's own objects "
-                          f"({named(flags.introspection)}): blocked, as it could change how its calls are timed")
-        if flags.persisting_l2_bytes:
-            raise Failure("suspicious", f"{where}: the candidate reserved {flags.persisting_l2_bytes} bytes of "
-                          "persisting L2 cache, which survives the harness's cache flush")
 
     # -- the whole evaluation -------------------------------------------------------------------------------------
 
@@ -488,7 +425,7 @@ class Judge:
                 if before != fingerprint(pristine):
                     raise Failure("suspicious", f"{where}: the inputs in the candidate's process differed from the "
                                   "judge's before the call (make_inputs patched, or not deterministic)")
-                self.check_flags(flags, where)
+                check_flags(flags, where)
                 self.note_added_keys(flags)
                 t1 = time.perf_counter()  # time_bound.py: the runner fingerprints every timed call's output
                 fingerprint(out)
@@ -522,60 +459,8 @@ class Judge:
                 if name in base_timing:
                     base_us = base_timing[name]["mean_us"]
                     results[name].update(baseline_us=base_us, speedup_vs_baseline=base_us / mean)
-        used = [(source, n) for source, n in self.sources.items() if n]
-        result["environment"]["reference_timing"] = "; ".join(
-            source if len(used) == 1 and source.startswith("measured") else f"{n} of {len(timed)} workloads {source}"
-            for source, n in used) or "no timed workloads"
-
-        rows = [results[w["name"]] for w in timed]
-        result["status"] = "passed"
-        result["score"] = geomean([r["speedup"] for r in rows])
-        result["latency_us"] = geomean([r["latency_us"] for r in rows])
-        if base_timing:
-            result["speedup_vs_baseline"] = geomean([r["speedup_vs_baseline"] for r in rows])
-            result["baseline_score"] = 100 * statistics.fmean(r["speedup_vs_baseline"] for r in rows)
-        if result["timing_representative"]:
-            notes += [f"{n}: speedup {r['speedup']:.1f}x is implausibly high, worth a second look"
-                      for n, r in results.items() if (r.get("speedup") or 0) > 10]
-        if "calls_reference" in result.get("flags", []):
-            notes.append("the candidate calls the task's reference implementation")
-        if self.added_keys:
-            result.setdefault("flags", []).append("added_input_keys")
-            notes.append(f"the candidate added keys to its input dicts ({', '.join(self.added_keys[:5])}): judged and "
-                         "timed as usual; every timed call gets fresh inputs, so a cache kept there is never reused")
-        if self.host_timed:
-            result.setdefault("flags", []).append("timed_by_host_clock")
-        result["log_excerpt"] = "\n".join(notes)
-
-
-def honest_times(device: list[float], host: list[float]) -> tuple[list[float], bool]:
-    """The device times of a workload's calls, or, where every one read 0 us (nothing ran between the call's
-    events), the host times around the calls: (times, whether the host's)."""
-    if device and len(host) == len(device) and max(device) <= 0.0:
-        return list(host), True
-    return device, False
-
-
-def geomean(values: list[float]) -> float:
-    if not values or any(v <= 0 for v in values):
-        return 0.0
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
-def timings_key(task_dir: str, task: dict, device: str) -> str:
-    """What reference and baseline timings depend on besides the workload: the task's code, the GPU, the versions.
-    Timings passed in under another key (the task was edited, another GPU) are measured again."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for rel in (task["reference"], task["baseline"]):
-        if rel:
-            with open(os.path.join(task_dir, rel), "rb") as f:
-                digest.update(f.read() + b"\0")
-    torch = load_torch()
-    gpu = str(torch.cuda.get_device_properties(0).uuid) if device == "cuda" else platform.node()
-    digest.update(f"{gpu}:{torch.__version__}:{device}:{task['timing']}".encode())
-    return digest.hexdigest()[:32]
+        summarise(result, results, timed, notes, self.sources, bool(base_timing), self.added_keys,
+                  self.host_timed)
 
 
 def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | None = None) -> None:
@@ -641,42 +526,12 @@ def time_reference_ahead(session: Session, args, job: JobWatch) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", help="task folder (with task.json)")
-    parser.add_argument("--candidate", required=True, help="folder with the candidate's files")
-    parser.add_argument("--out", required=True, help="where to write the result JSON")
-    parser.add_argument("--workloads", default="", help="comma-separated workload names (default: all)")
-    parser.add_argument("--seeds-from-env", action="store_true", help=f"take the base input seed from ${SEED_ENV}")
-    parser.add_argument("--time-budget-s", type=float, default=1.0,
-                        help="timing budget per workload, for the candidate and the reference each")
-    parser.add_argument("--compile-timeout-s", type=float, default=300,
-                        help="limit for importing/building the candidate, and for its first call (JIT compile)")
-    parser.add_argument("--call-timeout-s", type=float, default=60, help="limit for any other single call")
-    parser.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "ksearch_graph"),
-                        help="compile caches shared by evaluations, keyed by source hash")
-    parser.add_argument("--lock-dir", default="/tmp", help="where the per-device timing lock lives")
-    parser.add_argument("--memory-limit-gb", type=float, default=32.0,
-                        help="host memory (resident) the candidate's process may use before it is killed")
-    parser.add_argument("--no-network-isolation", action="store_true",
-                        help="do not put the candidate in its own network namespace")
-    parser.add_argument("--job-from-stdin", action="store_true",
-                        help="start both processes, then wait for the job on stdin: JSON with task, workloads and "
-                        "timings (reference/baseline timings of an earlier evaluation, reused when measured on this "
-                        "GPU for the same task code and workload); replaces --task and --workloads")
-    parser.add_argument("--time-reference-ahead", action="store_true",
-                        help="with --job-from-stdin and --task: time that task's reference (and baseline) on its "
-                        "--workloads while waiting for the job; used when the job is for the same task")
-    parser.add_argument("--standby-limit-s", type=float, default=900,
-                        help="with --job-from-stdin: give up when no job has come after this long")
-    args = parser.parse_args(argv)
-    if not (args.task or args.job_from_stdin):
-        parser.error("--task is required (or --job-from-stdin)")
+    args = read_arguments(argv, __doc__.splitlines()[0])
     faulthandler.enable()
     result_key = os.environ.pop(RESULT_KEY_ENV, "")
 
     start = time.perf_counter()
-    result = {"status": "runtime_error", "workloads": [], "score": 0.0, "latency_us": None, "compile_s": 0.0,
-              "wall_s": 0.0, "log_excerpt": "", "timing_representative": False, "environment": {}}
+    result = new_result()
     session = early = None
     try:
         session = Session(args)
@@ -724,16 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     if prestarted:
         result["environment"]["prestarted"] = True
     result["wall_s"] = time.perf_counter() - start
-    text = json.dumps(result, indent=1)
-    if result_key:  # first line: HMAC of the rest, which the parent checks
-        import hashlib
-        import hmac
-
-        text = hmac.new(result_key.encode(), text.encode(), hashlib.sha256).hexdigest() + "\n" + text
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, args.out)  # the parent never sees a half-written file
+    write_signed(result, args.out, result_key)
     progress(f"done: {result['status']}")
     return 0
 

@@ -57,5 +57,9 @@ class TimingPolicy:
     burst_memory_share: int = 8  # at most 1/burst_memory_share of the GPU's memory
     burst_bytes_cpu: int = 256 << 20  # on CPU
 
+    def later_heat_s(self, limited: bool) -> float:
+        """The heat before a workload's later bursts: heat_min_s if power-limited, else heat_s."""
+        return self.heat_min_s if limited else self.heat_s
+
 
 POLICY = TimingPolicy()

@@ -3,8 +3,10 @@ on stderr say where a killed process was."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 import traceback
 
 LOG_LIMIT = 2000
@@ -45,3 +47,32 @@ def describe(exc: BaseException, root: str) -> str:
     text = "".join(f'  File "{f.filename}", line {f.lineno}, in {f.name}\n    {f.line}\n' for f in frames[-2:])
     text += "".join(traceback.format_exception_only(type(exc), exc))
     return clip(text.replace(root + os.sep, ""))
+
+
+class TimingTrace:
+    """The judge's timing trace: every burst's timed calls, one JSON line each, appended to ``path`` (the TRACE_ENV
+    file; None: no trace)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+
+    def write(self, who: str, workload: str, first: int, calls: list, dropped: bool = False,
+              bound: dict | None = None) -> None:
+        """One burst's timed calls into the TRACE_ENV file, where one is named; ``at``: when the judge had them (wall
+        clock, s), which spaces the bursts (the judge's checks come between a workload's); ``dropped``: by the
+        SideStreamRule (not in the result)."""
+        if not self.path:
+            return
+        line = {"who": who, "workload": workload, "first": first, "at": round(time.time(), 4),
+                "calls": [[round(v, 2) for v in c] for c in calls]}
+        if dropped:
+            line["dropped"] = True
+        if bound:  # time_bound.py's figures: the judge's interval per call and its calibration
+            line["bound"] = {k: [round(x, 1) for x in v] if isinstance(v, list) else round(v, 3)
+                             for k, v in bound.items()}
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        except OSError as e:  # a diagnostic: it must not fail the evaluation
+            progress(f"timing trace off: cannot write {self.path}: {e}")
+            self.path = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -168,3 +169,37 @@ def _authkey() -> str:
 
     return bytes(multiprocessing.current_process().authkey).hex()
 
+
+def read_arguments(argv: list[str] | None, description: str) -> argparse.Namespace:
+    """The judge process's command line (judge.py's docstring shows it)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--task", help="task folder (with task.json)")
+    parser.add_argument("--candidate", required=True, help="folder with the candidate's files")
+    parser.add_argument("--out", required=True, help="where to write the result JSON")
+    parser.add_argument("--workloads", default="", help="comma-separated workload names (default: all)")
+    parser.add_argument("--seeds-from-env", action="store_true", help=f"take the base input seed from ${SEED_ENV}")
+    parser.add_argument("--time-budget-s", type=float, default=1.0,
+                        help="timing budget per workload, for the candidate and the reference each")
+    parser.add_argument("--compile-timeout-s", type=float, default=300,
+                        help="limit for importing/building the candidate, and for its first call (JIT compile)")
+    parser.add_argument("--call-timeout-s", type=float, default=60, help="limit for any other single call")
+    parser.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "ksearch_graph"),
+                        help="compile caches shared by evaluations, keyed by source hash")
+    parser.add_argument("--lock-dir", default="/tmp", help="where the per-device timing lock lives")
+    parser.add_argument("--memory-limit-gb", type=float, default=32.0,
+                        help="host memory (resident) the candidate's process may use before it is killed")
+    parser.add_argument("--no-network-isolation", action="store_true",
+                        help="do not put the candidate in its own network namespace")
+    parser.add_argument("--job-from-stdin", action="store_true",
+                        help="start both processes, then wait for the job on stdin: JSON with task, workloads and "
+                        "timings (reference/baseline timings of an earlier evaluation, reused when measured on this "
+                        "GPU for the same task code and workload); replaces --task and --workloads")
+    parser.add_argument("--time-reference-ahead", action="store_true",
+                        help="with --job-from-stdin and --task: time that task's reference (and baseline) on its "
+                        "--workloads while waiting for the job; used when the job is for the same task")
+    parser.add_argument("--standby-limit-s", type=float, default=900,
+                        help="with --job-from-stdin: give up when no job has come after this long")
+    args = parser.parse_args(argv)
+    if not (args.task or args.job_from_stdin):
+        parser.error("--task is required (or --job-from-stdin)")
+    return args

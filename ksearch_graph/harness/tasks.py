@@ -7,7 +7,10 @@ import hashlib
 import importlib.util
 import json
 import os
+import platform
 import sys
+
+from ._torch import load_torch
 
 
 def load_module(name: str, path: str):
@@ -71,3 +74,16 @@ def candidate_form(task: dict, root: str) -> str:
         return "torch_extension"
     return "python"  # and the runner reports the missing solution file
 
+
+def timings_key(task_dir: str, task: dict, device: str) -> str:
+    """What reference and baseline timings depend on besides the workload: the task's code, the GPU, the versions.
+    Timings passed in under another key (the task was edited, another GPU) are measured again."""
+    digest = hashlib.sha256()
+    for rel in (task["reference"], task["baseline"]):
+        if rel:
+            with open(os.path.join(task_dir, rel), "rb") as f:
+                digest.update(f.read() + b"\0")
+    torch = load_torch()
+    gpu = str(torch.cuda.get_device_properties(0).uuid) if device == "cuda" else platform.node()
+    digest.update(f"{gpu}:{torch.__version__}:{device}:{task['timing']}".encode())
+    return digest.hexdigest()[:32]

@@ -13,7 +13,6 @@ from .guards import InterpreterHooks
 from .policy import POLICY
 from .reporting import progress
 from .tensors import leaves, output_items, small_block_sizes, snapshot
-from .timing import later_heat_s
 
 
 class Timer:
@@ -212,7 +211,7 @@ class Timer:
 
     def _heat(self, fn, args, first: bool) -> None:
         if not first:
-            self.back_to_back(fn, args, later_heat_s(self.limited), min_calls=2)
+            self.back_to_back(fn, args, POLICY.later_heat_s(self.limited), min_calls=2)
             return
         least = (POLICY.first_heat_min_s, POLICY.unlimited_heat_windows[1]) if not self.heated else (
             POLICY.heat_min_s, POLICY.unlimited_heat_windows[0])

@@ -95,12 +95,6 @@ def _standard_error(values: list[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
 
 
-def later_heat_s(limited: bool) -> float:
-    """The heat before a workload's later bursts (see POLICY.heat_s)."""
-    return POLICY.heat_min_s if limited else POLICY.heat_s
-
-
-
 class SideStreamRule:
     """Work a candidate leaves running on another stream finishes after its call's end event, so the device time
     misses it; its process measures each call's tail (how long the device stayed busy after the end event) and a
@@ -154,7 +148,7 @@ class SideStreamRule:
 def next_burst_s(burst_started: float, heat_s: float, limited: bool) -> float:
     """What one more burst of a workload would take: the one that began at ``burst_started`` (perf_counter), its
     ``heat_s`` of heat replaced by a later burst's (precise_enough)."""
-    return time.perf_counter() - burst_started - heat_s + later_heat_s(limited)
+    return time.perf_counter() - burst_started - heat_s + POLICY.later_heat_s(limited)
 
 
 class Bursts:
@@ -209,3 +203,11 @@ def burst_memory_bytes(device: str) -> int:
     if device == "cuda":
         return load_torch().cuda.get_device_properties(0).total_memory // POLICY.burst_memory_share
     return POLICY.burst_bytes_cpu
+
+
+def honest_times(device: list[float], host: list[float]) -> tuple[list[float], bool]:
+    """The device times of a workload's calls, or, where every one read 0 us (nothing ran between the call's
+    events), the host times around the calls: (times, whether the host's)."""
+    if device and len(host) == len(device) and max(device) <= 0.0:
+        return list(host), True
+    return device, False

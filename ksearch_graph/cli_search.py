@@ -1,0 +1,380 @@
+"""The ``ksearch`` commands that drive a search: run, resume and campaign (the parser is cli.py's).
+
+They pick the search's settings from the options, make the evaluation pool, drive the graph with live progress
+and answer its plan approvals. Exit codes 75 (paused: the LLM endpoint failed) and 76 (waiting for an answer) are
+set here; cli.py's docstring lists them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from .config import Budget, SearchConfig
+from .run_dir import RunDir, RunDirError
+from .task import TaskError, load_task
+
+EXIT_PAUSED = 75
+EXIT_WAITING = 76  # --approve-plans: the run waits for a person's answer (`ksearch resume DIR --answer ...`)
+OFFLINE_NOTICE = (
+    "planner: OFFLINE (no LLM). This is the no-LLM baseline that walks the task's kernel template, "
+    "not K-Search's intelligence. Pass --model (and --base-url) to search with an LLM, or --llm local."
+)
+
+
+def _pool_options(args):
+    from .harness.make_pool import PoolOptions
+
+    if (args.ray or args.ray_address) and args.gpus:
+        raise RunDirError("--gpus chooses GPUs of this machine; on Ray the cluster's resources decide")
+    return PoolOptions(gpus=args.gpus, cpu_slots=args.cpu_slots, ray=args.ray, ray_address=args.ray_address,
+                       gpu_model=args.gpu_model)
+
+
+def _make_evaluator(run: RunDir, options):
+    from .harness.make_pool import make_pool
+    from .harness.pool import PoolError
+
+    try:
+        return make_pool(options, run.config, run.task())
+    except PoolError as e:
+        raise RunDirError(str(e)) from None
+
+
+def _config_from_args(args) -> SearchConfig:
+    from .llm import LLMSettings
+
+    if args.llm == "local":
+        if args.offline or args.model or args.planner_model or args.coder_model or args.base_url:
+            raise SystemExit("ksearch: --llm local chooses the model and endpoint itself; drop --offline, "
+                             "--model, --planner-model, --coder-model and --base-url")
+        use_llm = True
+    else:
+        use_llm = bool(args.model or args.planner_model or args.coder_model) and not args.offline
+    settings = {}
+    if args.llm == "local":
+        settings = {role: _local_settings(args) for role in ("planner_llm", "coder_llm")}
+    elif use_llm:
+        for role, name in (("planner_llm", args.planner_model or args.model), ("coder_llm", args.coder_model or args.model)):
+            if not name:
+                raise SystemExit(f"ksearch: --{role.split('_')[0]}-model or --model is needed")
+            settings[role] = LLMSettings(model=name, base_url=args.base_url, api_key_env=args.api_key_env,
+                                         structured_method=args.structured_method, temperature=args.temperature,
+                                         max_retries=args.llm_retries, backoff_s=args.llm_backoff)
+    return SearchConfig(
+        budget=Budget(iterations=args.iterations, max_tokens=args.max_tokens, max_cost_usd=args.max_cost,
+                      max_wall_s=args.max_wall),
+        parallel_cycles=args.parallel_cycles,
+        samples=args.samples,
+        rolling_cycles=not args.rounds,
+        stagnation_window=args.stagnation_window,
+        difficulty_cap=args.difficulty_cap,
+        policy=args.policy,
+        noise_margin=args.noise_margin,
+        eval_timeout_s=args.eval_timeout,
+        planner="llm" if use_llm else "offline",
+        seed=args.seed,
+        approve_plans=args.approve_plans,
+        **settings,
+    )
+
+
+def _local_settings(args):
+    from .llm import LLMSettings
+    from .local_llm import model_id
+
+    # Small models answer best cold and short: a low temperature, an answer limit that leaves most of
+    # a small context to the prompt, and a tighter schema for the server to decode against. A local server
+    # cannot be slow because of a network, only because of a busy CPU: a long timeout wastes nothing,
+    # a retry would redo the whole answer.
+    return LLMSettings(model=model_id(args.local_model), local_model=args.local_model, structured_method="json_schema",
+                       temperature=0.2 if args.temperature is None else args.temperature, max_tokens=1536,
+                       small_model_schema=True, timeout_s=1200, max_retries=args.llm_retries, backoff_s=args.llm_backoff)
+
+
+@contextmanager
+def _local_endpoint(run: RunDir):
+    """For a run with a local model: its server, started for this drive, the settings pointed at it.
+
+    The address and context live only in memory; run.json keeps the settings without them.
+    """
+    roles = [s for s in (run.config.planner_llm, run.config.coder_llm) if s is not None and s.local_model]
+    if not roles:
+        yield
+        return
+    from .local_llm import CAPABILITIES, MODELS, local_server_for
+
+    name = roles[0].local_model
+    print(f"starting the local model server ({MODELS[name].title}; log: {run.path / 'local_llm.log'}) ...", flush=True)
+    with local_server_for(name, log_path=run.path / "local_llm.log") as server:
+        print(CAPABILITIES.format(title=MODELS[name].title, threads=server.threads, context=server.context_tokens))
+        for settings in roles:
+            settings.base_url, settings.context_tokens = server.base_url, server.context_tokens
+        INTERRUPT_CLEANUPS.append(server.stop)  # Ctrl-C leaves through os._exit, past this block's exit
+        try:
+            yield
+        finally:
+            INTERRUPT_CLEANUPS.remove(server.stop)
+            for settings in roles:
+                settings.base_url, settings.context_tokens = None, None
+
+
+def _drive(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, pool=None) -> int:
+    from .local_llm import LocalModelError
+
+    evaluator = _make_evaluator(run, pool) if pool is not None else None
+    try:
+        with _local_endpoint(run):
+            return _drive_search(run, fresh=fresh, quiet=quiet, answer=answer, evaluator=evaluator)
+    except LocalModelError as e:
+        print(f"\nksearch: the local model is not available:\n  {e}\nFix it, then: ksearch resume {run.path}",
+              file=sys.stderr)
+        return EXIT_PAUSED
+    except KeyboardInterrupt:  # while the local server was starting; the search has its own handler
+        print(f"\nksearch: interrupted. Resume with: ksearch resume {run.path}", file=sys.stderr)
+        return 130
+
+
+# Called (newest first) before the process leaves on Ctrl-C / SIGTERM, e.g. to stop a local LLM server.
+INTERRUPT_CLEANUPS: list = []
+
+
+@contextmanager
+def _exit_on_interrupt(run: RunDir):
+    """Ctrl-C and SIGTERM end the search at once.
+
+    LangGraph would otherwise let the nodes in flight finish first (an evaluation can take minutes).
+    Leaving mid-step is safe: every checkpoint is on disk (durability="sync"), nodes are idempotent
+    against the store, and the evaluation child dies with us (PDEATHSIG). ``resume`` redoes the step.
+    """
+    import signal
+    import sqlite3
+
+    def leave(signum, frame):
+        print(f"\nksearch: interrupted. Resume with: ksearch resume {run.path}", file=sys.stderr, flush=True)
+        try:  # a fresh connection: the store's own lock may be held by a worker thread right now
+            with sqlite3.connect(str(run.path / "store.sqlite"), timeout=2) as db:
+                db.execute("insert or replace into meta (key, value) values ('status', '\"interrupted\"')")
+        except sqlite3.Error:
+            pass
+        for cleanup in reversed(INTERRUPT_CLEANUPS):
+            try:
+                cleanup()
+            except Exception:
+                pass
+        sys.stdout.flush()
+        os._exit(130)
+
+    previous = {s: signal.signal(s, leave) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def parse_answer(text: str) -> dict:
+    """`approve` | `stop` | `pick ID` | `edit {"description": ...}` (also with ':' instead of the space)."""
+    match = re.match(r"\s*(\w+)\s*:?\s*(.*)$", text, re.S)
+    word, rest = (match.group(1).lower(), match.group(2)) if match else ("", "")
+    word = {"a": "approve", "s": "stop", "p": "pick", "e": "edit"}.get(word, word)
+    if word == "pick":
+        return {"decision": "pick", "node_id": rest.strip()}
+    if word == "edit":
+        try:
+            return {"decision": "edit", "action": json.loads(rest)}
+        except json.JSONDecodeError as e:
+            raise RunDirError(f"edit needs a JSON object of action fields, e.g. edit {{\"value\": 0.9}}: {e}") from None
+    if word in ("approve", "stop"):
+        return {"decision": word}
+    raise RunDirError(f"unknown answer {text!r}: use approve, stop, pick ID or edit JSON")
+
+
+def _show_question(q: dict) -> None:
+    a = q["action"]
+    print(f"\n[approval] next plan: {q['node_id']}: {a['title']} (V={a['value']}, difficulty {a['difficulty']})")
+    print(f"  {a['description']}")
+    if q.get("problem"):
+        print(f"  ({q['problem']})")
+    others = [f"{f['id']} {f['title']} (V={f['value']})" for f in q["frontier"] if f["id"] != q["node_id"]]
+    if others:
+        print("  other open actions: " + "; ".join(others))
+
+
+def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, evaluator=None) -> int:
+    from .context import make_context
+    from .llm import EndpointUnavailable, LLMConfigError
+    from .nodes.world_model_update import PlannerFailed
+    from .progress import ProgressPrinter, show_llm_heartbeats
+    from .search import drive, pending_question
+
+    ctx = make_context(run, evaluator=evaluator)
+    print(OFFLINE_NOTICE if run.config.planner == "offline" else
+          f"planner: {run.config.planner_llm.model}  coder: {run.config.coder_llm.model}"
+          + (f"  endpoint: {run.config.planner_llm.base_url}" if run.config.planner_llm.base_url else ""))
+    printer = None if quiet else ProgressPrinter(ctx.store, run.config.budget.iterations)
+    if not quiet:
+        show_llm_heartbeats()
+    started = time.monotonic()
+    try:
+        with _exit_on_interrupt(run):
+            final = drive(run, ctx, fresh=fresh, on_event=printer, answer=answer)
+            while (question := pending_question(run)) is not None:
+                _show_question(question)
+                if not sys.stdin.isatty():
+                    ctx.store.set_meta("status", "waiting")
+                    print(f"\nksearch: waiting for approval. Answer with: ksearch resume {run.path} "
+                          "--answer 'approve' | 'stop' | 'pick ID' | 'edit {\"description\": ...}'")
+                    return EXIT_WAITING
+                try:
+                    answer = parse_answer(input("approve / pick ID / edit JSON / stop > "))
+                except RunDirError as e:
+                    print(f"  {e}")
+                    continue
+                final = drive(run, ctx, fresh=False, on_event=printer, answer=answer)
+    except (EndpointUnavailable, LLMConfigError) as e:
+        ctx.store.set_meta("status", "paused")
+        ctx.store.log_event("paused", error=str(e))
+        print(f"\nksearch: run paused, the LLM endpoint failed:\n  {e}\n"
+              f"Nothing computed so far is lost. Fix the endpoint, then: ksearch resume {run.path}", file=sys.stderr)
+        return EXIT_PAUSED
+    except PlannerFailed as e:
+        ctx.store.set_meta("status", "paused")
+        print(f"\nksearch: run paused: {e}\nResume with: ksearch resume {run.path}", file=sys.stderr)
+        return EXIT_PAUSED
+    best = final.get("best")
+    print(f"\ndone in {time.monotonic() - started:.1f}s: {final.get('stop_reason')}")
+    if best:
+        print(f"best: {best['attempt_id']} score {best['score']:.4g}x"
+              + (f", {best['latency_us']:.4g} us" if best.get("latency_us") else "")
+              + f" -> {run.path / 'best'}")
+    else:
+        print("no candidate passed")
+    return 0
+
+
+@contextmanager
+def _task_folder(task_arg: str, definition: str | None):
+    """The task folder for `ksearch run TASK`: a task folder (or its task.json) as it is; a FlashInfer-Trace
+    definition (a definitions/**.json file, or a dataset root with --definition), a KernelBench problem (.py) or a
+    GPU MODE problem folder (task.yml + reference.py) materialised into a temporary folder, which RunDir.create then
+    copies into RUN_DIR/task."""
+    import tempfile
+
+    from .flashinfer_trace import is_dataset_root, is_definition_file
+    from .flashinfer_trace_task import materialise_definition
+    from .gpumode import is_problem_dir, materialise_gpumode
+    from .kernelbench import is_problem_file, materialise_problem
+
+    path = Path(task_arg)
+    if not path.exists():
+        raise TaskError(f"{path} does not exist")
+    if definition and not is_dataset_root(path) and not is_definition_file(path):
+        raise TaskError(f"--definition is for a FlashInfer-Trace dataset root (a folder with definitions/), "
+                        f"and {path} is not one")
+    if (path / "task.json").is_file() or path.name == "task.json":
+        yield path.parent if path.is_file() else path
+        return
+    with tempfile.TemporaryDirectory(prefix="ksearch-task-") as tmp:
+        if is_dataset_root(path) or is_definition_file(path):
+            yield materialise_definition(path, Path(tmp) / "task", definition=definition)
+        elif is_problem_file(path):
+            yield materialise_problem(path, Path(tmp) / "task")
+        elif is_problem_dir(path):
+            yield materialise_gpumode(path, Path(tmp) / "task")
+        else:
+            raise TaskError(f"{path} is not a task: expected a task folder (with task.json), a FlashInfer-Trace "
+                            "definition (.json) or dataset root (with --definition NAME), a KernelBench "
+                            "problem (.py), or a GPU MODE problem folder (with task.yml and reference.py)")
+
+
+def cmd_run(args) -> int:
+    config = _config_from_args(args)
+    if config.planner == "offline" and (os.environ.get(args.api_key_env) and not args.offline):
+        print(f"note: {args.api_key_env} is set but no --model was given; using the offline planner")
+    with _task_folder(args.task, args.definition) as task_folder:
+        task = load_task(task_folder)  # fail early, with the task's own error message
+        if config.planner == "offline" and task.spec.template is None:
+            raise TaskError(f"task {task.name} has no kernel template, so the offline (no-LLM) planner cannot "
+                            "search it; search it with an LLM: --model M [--base-url URL], or --llm local")
+        run_dir = args.run_dir or Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        args.run_dir = run_dir  # for an error message about it
+        run = RunDir.create(run_dir, task_folder, config, writer=True)
+    print(f"run directory: {run.path}")
+    return _drive(run, fresh=True, quiet=args.quiet, pool=_pool_options(args))
+
+
+def cmd_resume(args) -> int:
+    from .integrity import check_for_writing
+    from .search import extend, has_started, is_finished, pending_question
+
+    run = RunDir.open(args.run_dir, writer=True)
+    check_for_writing(run)
+    # Every option is checked before anything is written.
+    answer = parse_answer(args.answer) if args.answer else None
+    if answer is not None and pending_question(run) is None:
+        raise RunDirError(f"{run.path} is not waiting for an answer")
+    moved = _move_endpoint(run, args.base_url, args.model)
+    target = _iteration_target(run, args.iterations, args.more)
+    if moved:
+        run.save()
+    if target is not None:
+        if extend(run, target):
+            print(f"budget raised to {target} iterations; the finished run continues")
+    if is_finished(run):
+        print(f"{run.path}: the run is finished (continue it with --more N, N more iterations)")
+        return 0
+    return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer, pool=_pool_options(args))
+
+
+def _move_endpoint(run: RunDir, base_url: str | None, model: str | None) -> bool:
+    """--base-url / --model on resume: the endpoint moved, or the model name was wrong."""
+    if not (base_url or model):
+        return False
+    for settings in (run.config.planner_llm, run.config.coder_llm):
+        if settings is None:
+            raise RunDirError(f"{run.path} is an offline run; --base-url/--model apply to LLM runs only")
+        settings.base_url = base_url or settings.base_url
+        settings.model = model or settings.model
+        settings.local_model = None  # a run moved to an endpoint no longer serves its own model
+    return True
+
+
+def _iteration_target(run: RunDir, total: int | None, more: int | None) -> int | None:
+    """The new iteration budget from --iterations TOTAL or --more N; a total below what is done is an error."""
+    if total is None and more is None:
+        return None
+    store = run.store()
+    try:
+        done = store.count_attempts()
+    finally:
+        store.close()
+    if more is not None:
+        return done + more
+    if total < done:
+        raise RunDirError(f"{run.path} has {done} iterations done; --iterations is the total budget, so at least "
+                          f"{done}. For N more iterations: --more N")
+    return total
+
+
+def cmd_campaign(args) -> int:
+    from .campaign import Campaign
+
+    config = _config_from_args(args)
+
+    def task_folder(task: str):
+        return _task_folder(task, None)
+
+    campaign = Campaign.create_or_open(Path(args.runs_dir), args.tasks, config, task_folder)
+    first = RunDir.open(Path(args.runs_dir) / next(iter(campaign.runs.values())))
+    evaluator = _make_evaluator(first, _pool_options(args))  # one pool for every search of the campaign
+    print(f"campaign {args.runs_dir}: {', '.join(campaign.runs)}")
+    failed = campaign.run(evaluator, quiet=args.quiet)
+    print(campaign.table())
+    print(f"report: {campaign.write_report()}")
+    return EXIT_PAUSED if failed else 0
