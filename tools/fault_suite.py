@@ -251,37 +251,37 @@ def disk_full(work: Path, base: Path) -> Outcome:
 
 
 def read_only(work: Path, base: Path) -> Outcome:
-    """A read-only run directory: a read-only tmpfs where this process may mount one, else chmod (non-root)."""
-    mount = work / "ro-mount"
-    mount.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)],
-                                                   capture_output=True).returncode == 0
-    if os.geteuid() == 0 and not mounted:
-        return Outcome("read-only run directory", "skipped", note="(root without mount: cannot make one)")
-    run = mount / "run"
+    """A read-only run directory: a read-only bind mount of it as root, else its files made read-only (chmod)."""
+    run = work / "read-only"
+    shutil.copytree(base, run)
+    before = set(attempts(run))
+
+    def mount(*args: str) -> bool:
+        return subprocess.run(["mount", *args], capture_output=True).returncode == 0
+
+    as_root = os.geteuid() == 0
+    if as_root:
+        if not mount("--bind", str(run), str(run)):
+            return Outcome("read-only run directory", "skipped", note="(root without mount: cannot make one)")
+        if not mount("-o", "remount,bind,ro", str(run)):
+            subprocess.run(["umount", str(run)], capture_output=True)
+            return Outcome("read-only run directory", "skipped", note="(the bind mount cannot be made read-only)")
+    else:
+        for p in [run, *run.rglob("*")]:
+            p.chmod(p.stat().st_mode & ~0o222)
     try:
-        shutil.copytree(base, run)
-        before = set(attempts(run))
-        if mounted:
-            subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
-        else:
-            for p in [run, *run.rglob("*")]:
-                p.chmod(p.stat().st_mode & ~0o222)
         proc = ksearch("resume", str(run), "--quiet")
-        ok = proc.returncode == 74 and "read-only" in proc.stderr and "Traceback" not in proc.stderr
-        if mounted:
-            subprocess.run(["mount", "-o", "remount,rw", str(mount)], check=True)
+    finally:
+        if as_root:
+            subprocess.run(["umount", str(run)], capture_output=True)
         else:
             for p in [run, *run.rglob("*")]:
                 p.chmod(p.stat().st_mode | 0o200)
-        if not ok:
-            return Outcome("read-only run directory", "FAILED", note=f"exit {proc.returncode}: {proc.stderr[-300:]}")
-        out = way_out("read-only run directory", run, before)
-        out.note = f"exit 74 ({proc.stderr.strip()[9:80]}...), then resumed writable"
-        return out
-    finally:
-        if mounted:
-            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    if not (proc.returncode == 74 and "read-only" in proc.stderr and "Traceback" not in proc.stderr):
+        return Outcome("read-only run directory", "FAILED", note=f"exit {proc.returncode}: {proc.stderr[-300:]}")
+    out = way_out("read-only run directory", run, before)
+    out.note = f"exit 74 ({proc.stderr.strip()[9:80]}...), then resumed writable"
+    return out
 
 
 def bad_budgets(work: Path, base: Path) -> list[Outcome]:
