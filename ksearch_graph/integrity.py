@@ -11,6 +11,7 @@ The store may be ahead of the checkpoints by the step in flight at a kill: nodes
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import struct
@@ -146,9 +147,9 @@ def check_for_writing(run: RunDir) -> None:
     try:
         numbers = store_cycle_numbers(db)
         lost = _missing_from_store(db, values or {}, checkpoint_references(run))
+        known = _claimed_in_known_rounds(db, (values or {}).get("cycle_seq", 0))
     finally:
         db.close()
-    known = (values or {}).get("cycle_seq", 0)
     ahead = sorted(n for n in numbers if n > known)
     if ahead:
         if not checkpoint_path.exists():
@@ -164,6 +165,18 @@ def check_for_writing(run: RunDir) -> None:
     if lost:
         raise DamagedRun(f"{store_path} lacks what the checkpoints refer to ({lost}): it is older than them (a lost "
                          f"WAL file?). `ksearch recover {run.path}` continues from what the store still holds")
+
+
+def _claimed_in_known_rounds(db: sqlite3.Connection, known: int) -> int:
+    """Rolling cycles: a lane claims its next cycle in the store (a ``merge:<cycle>`` record) before any checkpoint
+    counts it. Cycles claimed in a round the checkpoints launched are known; a round they never saw is not."""
+    for (payload,) in db.execute("select payload from generations where key like 'merge:%'") \
+            if _column(db, "select 1 from sqlite_master where name = 'generations'") else []:
+        record = json.loads(payload)
+        round_number = _CYCLE_NUMBER.search(str(record.get("round", "")))
+        if round_number and int(round_number.group(1)) <= known:
+            known = max(known, int((record.get("state") or {}).get("cycle_seq") or 0))
+    return known
 
 
 def checkpoint_references(run: RunDir) -> set[str]:
