@@ -110,10 +110,12 @@ def cmd_branch(args) -> int:
 def cmd_recover(args) -> int:
     from .recover import recover
 
-    r = recover(args.run_dir)
+    r = recover(args.run_dir, start_over=args.start_over)
     if r.restored_manifest:
         print("run.json restored from the copy in store.sqlite")
-    if r.sound:
+    if r.started_over:
+        print("store.sqlite was lost: the settings and the task are kept, the search starts again")
+    elif r.sound:
         print(f"{r.run.path}: the checkpoints are sound, nothing else to recover")
     elif r.rebuilt:
         print(f"checkpoints rebuilt from store.sqlite: {r.attempts} evaluated attempts kept; world model after "
@@ -253,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("recover", help="rebuild a run whose checkpoints (or run.json) are lost or damaged, from "
                                        "its store.sqlite")
     p.add_argument("run_dir")
+    p.add_argument("--start-over", action="store_true",
+                   help="when store.sqlite itself is lost or damaged: keep the settings and the task, set the "
+                        "databases aside and start the search again (the attempts recorded so far are lost)")
     p.set_defaults(func=cmd_recover)
 
     p = sub.add_parser("report", help="write a self-contained HTML (and Markdown) report of a run")

@@ -3,15 +3,19 @@
 Both databases must pass ``PRAGMA quick_check``, and the two must tell the same story:
 - the checkpoints must know every cycle the store has attempts or generations for; a checkpoint file that is
   missing, empty or older than that would start those cycles again (a new search on top of the old one);
-- the store must hold what the checkpoints refer to (the merged cycles' attempts, the best kernel's code).
+- the store must hold what the checkpoints refer to (the merged cycles' attempts, the code of the best kernel and
+  of every attempt a checkpoint names, the cycles in flight included).
+A missing, empty or damaged store.sqlite cannot be rebuilt (it alone holds the attempts' code): the run stops.
 The store may be ahead of the checkpoints by the step in flight at a kill: nodes re-run against it idempotently.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import struct
+import time
 from pathlib import Path
 
 from .run_dir import RunDir, RunDirError
@@ -90,33 +94,62 @@ def store_cycle_numbers(db: sqlite3.Connection) -> set[int]:
     return {int(m.group(1)) for k in keys if k and (m := _CYCLE_NUMBER.search(k))}
 
 
+def store_problem(path: Path) -> str | None:
+    """What is wrong with store.sqlite ("is missing", "is empty", "is damaged (...)"), or None when it is sound.
+    A missing or empty store is never opened: SQLite would discard or misread the WAL files left beside it."""
+    if not path.exists():
+        return "is missing"
+    if path.stat().st_size == 0:
+        return "is empty"
+    problem = quick_check(path, writer=True)
+    return f"is damaged ({problem})" if problem else None
+
+
+def store_lost(run_path: Path, problem: str) -> DamagedRun:
+    return DamagedRun(f"{run_path / 'store.sqlite'} {problem}. It is the only full record of the attempts and their "
+                      "code, so nothing can be rebuilt without it: restore it from a copy of the run directory, or "
+                      f"`ksearch recover {run_path} --start-over` keeps the settings and the task, moves the damaged "
+                      "files aside and starts the search again (the attempts recorded so far are lost)")
+
+
+def set_aside(run_path: Path, names: list[str], aside: Path | None = None) -> list[str]:
+    """Move these files of the run directory into ``aside`` (DIR/damaged-<time>/; never deleted); returns where
+    they went."""
+    aside = aside or run_path / f"damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    moved = []
+    for name in names:
+        if (run_path / name).exists():
+            aside.mkdir(exist_ok=True)
+            (run_path / name).replace(aside / name)
+            moved.append(str(aside / name))
+    return moved
+
+
 def check_for_writing(run: RunDir) -> None:
     """Raise DamagedRun unless the run can be continued as it is."""
     recover = f"`ksearch recover {run.path}` rebuilds the checkpoints from store.sqlite (every evaluated " \
               "attempt, the last world model, budgets and tokens) and keeps the damaged file aside"
     store_path, checkpoint_path = run.path / "store.sqlite", run.path / "checkpoints.sqlite"
-    if store_path.exists():
-        problem = quick_check(store_path, writer=True)
-        if problem:
-            raise DamagedRun(f"{store_path} is damaged ({problem}). It holds every attempt and the world model; "
-                             "restore it from a copy of the run directory (nothing can be rebuilt without it)")
     if checkpoint_path.exists():
         problem = quick_check(checkpoint_path, writer=True)
         if problem:
             raise DamagedRun(f"{checkpoint_path} is damaged ({problem}); {recover}")
     values = checkpoint_values(run)
-    if not store_path.exists():
+    if not store_path.exists() or store_path.stat().st_size == 0:
         if values:
-            raise DamagedRun(f"{store_path} is missing, though the checkpoints have a search in progress; restore "
-                             f"it from a copy, or start over with `ksearch recover {run.path}` (all attempts lost)")
+            raise store_lost(run.path, store_problem(store_path))
+        set_aside(run.path, ["store.sqlite-wal", "store.sqlite-shm"])  # a WAL without its database: unusable
         return
+    problem = store_problem(store_path)
+    if problem:
+        raise store_lost(run.path, problem)
     db = sqlite3.connect(str(store_path), timeout=30)
     try:
         numbers = store_cycle_numbers(db)
-        lost = _missing_from_store(db, values or {})
+        lost = _missing_from_store(db, values or {}, checkpoint_references(run))
+        known = _claimed_in_known_rounds(db, (values or {}).get("cycle_seq", 0))
     finally:
         db.close()
-    known = (values or {}).get("cycle_seq", 0)
     ahead = sorted(n for n in numbers if n > known)
     if ahead:
         if not checkpoint_path.exists():
@@ -134,16 +167,63 @@ def check_for_writing(run: RunDir) -> None:
                          f"WAL file?). `ksearch recover {run.path}` continues from what the store still holds")
 
 
-def _missing_from_store(db: sqlite3.Connection, values: dict) -> str | None:
+def _claimed_in_known_rounds(db: sqlite3.Connection, known: int) -> int:
+    """Rolling cycles: a lane claims its next cycle in the store (a ``merge:<cycle>`` record) before any checkpoint
+    counts it. Cycles claimed in a round the checkpoints launched are known; a round they never saw is not."""
+    for (payload,) in db.execute("select payload from generations where key like 'merge:%'") \
+            if _column(db, "select 1 from sqlite_master where name = 'generations'") else []:
+        record = json.loads(payload)
+        round_number = _CYCLE_NUMBER.search(str(record.get("round", "")))
+        if round_number and int(round_number.group(1)) <= known:
+            known = max(known, int((record.get("state") or {}).get("cycle_seq") or 0))
+    return known
+
+
+def checkpoint_references(run: RunDir) -> set[str]:
+    """Every code hash that the latest checkpoint of each graph namespace (the main graph and every cycle, the
+    ones in flight included) and its pending writes refer to."""
+    path = run.path / "checkpoints.sqlite"
+    if not path.exists() or path.stat().st_size == 0:
+        return set()
+    saver = run.checkpointer()
+    found: set[str] = set()
+    try:
+        namespaces = _column(saver.conn, "select distinct checkpoint_ns from checkpoints where thread_id = ?",
+                             [run.thread_id])
+        for ns in namespaces:
+            latest = saver.get_tuple({"configurable": {"thread_id": run.thread_id, "checkpoint_ns": ns}})
+            if latest:
+                _collect_hashes(latest.checkpoint["channel_values"], found)
+                _collect_hashes([w[2] for w in latest.pending_writes or []], found)
+    finally:
+        saver.conn.close()
+    return found
+
+
+def _collect_hashes(value, found: set[str]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key.endswith("source_hash") and isinstance(item, str) and item:
+                found.add(item)
+            else:
+                _collect_hashes(item, found)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _collect_hashes(item, found)
+
+
+def _missing_from_store(db: sqlite3.Connection, values: dict, hashes: set[str]) -> str | None:
     merged = [c for c in values.get("merged_cycles", []) if c != "seed"]
     have = set(_column(db, "select distinct cycle_id from attempts"))
     absent = [c for c in merged if c not in have]
     if absent:
         return "no attempts of cycle(s) " + ", ".join(absent[:5])
     best = values.get("best") or {}
-    if best.get("source_hash") and not _column(db, "select 1 from sources where hash = ?",
-                                                    [best["source_hash"]]):
-        return f"no code of the best attempt {best.get('attempt_id')}"
+    if best.get("source_hash"):
+        hashes = hashes | {best["source_hash"]}
+    missing = sorted(hashes - set(_column(db, "select hash from sources")))
+    if missing:
+        return f"no code of {len(missing)} attempt(s) in progress or recorded, e.g. {missing[0]}"
     return None
 
 

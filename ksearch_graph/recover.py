@@ -5,6 +5,9 @@ of run.json. The rebuilt state is the last recorded world model with the cycles 
 has attempts of beyond that are handed to the next world-model update as finished (an in-flight cycle closes
 at its last evaluated attempt), exactly as the graph does after ``action_cycle``. So no evaluated attempt is
 lost or evaluated again. Damaged files are moved into ``DIR/damaged-<time>/``, never deleted.
+
+A missing, empty or damaged store cannot be rebuilt from (it alone holds the attempts' code): recover stops and
+says so; ``--start-over`` keeps run.json and the task and sets every database aside, so the search starts again.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 from .graph import build_search_graph
 from .nodes.world_model_update import _best_entry
-from .integrity import DamagedRun, check_for_writing, quick_check
+from .integrity import DamagedRun, check_for_writing, set_aside, store_lost, store_problem
 from .run_dir import RUN_FILE, RunDir, RunDirError, write_atomically
 from .run_lock import RunLock
 from .store import RunStore, attempt_summary
@@ -33,23 +36,27 @@ class Recovery:
     restored_manifest: bool = False
     sound: bool = False  # the checkpoints needed nothing
     rebuilt: bool = False  # a checkpoint was seeded from the store
+    started_over: bool = False  # the store was lost: the search starts again (--start-over)
     attempts: int = 0
     merged_cycles: list[str] = field(default_factory=list)
     closed_cycles: list[str] = field(default_factory=list)  # handed to the next update as finished
     world_model_from: str = ""
 
 
-def recover(path: str | Path) -> Recovery:
+def recover(path: str | Path, *, start_over: bool = False) -> Recovery:
     path = Path(path)
     store_path = path / "store.sqlite"
     if not (path / RUN_FILE).is_file() and not store_path.is_file():
         raise RunDirError(f"{path} is not a run directory (no {RUN_FILE}, no store.sqlite)")
     lock = RunLock(path).acquire()
-    problem = quick_check(store_path, writer=True) if store_path.is_file() else None
-    if problem:
-        lock.release()
-        raise DamagedRun(f"{store_path} is damaged ({problem}); recover rebuilds a run from it, so restore it "
-                         "from a copy of the run directory first")
+    problem = store_problem(store_path)
+    checkpoints = path / "checkpoints.sqlite"
+    nothing_to_lose = problem in ("is missing", "is empty") and not (checkpoints.exists() and checkpoints.stat().st_size)
+    if problem and not nothing_to_lose:
+        if not start_over:
+            lock.release()
+            raise store_lost(path, problem)
+        return _start_over(path, lock)
     aside = path / f"damaged-{time.strftime('%Y%m%d-%H%M%S')}"
     run, restored = _open_or_restore(path, lock, aside)
     out = Recovery(run=run, restored_manifest=restored)
@@ -61,16 +68,33 @@ def recover(path: str | Path) -> Recovery:
     if out.sound:
         out.kept_aside = [str(p) for p in aside.glob("*")]
         return out
-    for name in ("checkpoints.sqlite", "checkpoints.sqlite-wal", "checkpoints.sqlite-shm"):
-        if (path / name).exists():
-            aside.mkdir(exist_ok=True)
-            (path / name).replace(aside / name)
-    out.kept_aside = [str(p) for p in sorted(aside.glob("*"))]
+    out.kept_aside = [str(p) for p in aside.glob("*")] + \
+        set_aside(path, ["checkpoints.sqlite", "checkpoints.sqlite-wal", "checkpoints.sqlite-shm"], aside)
     store = run.store()
     try:
         _seed_checkpoint(run, store, out)
         store.set_meta("status", "recovered")
         store.log_event("recovered", kept_aside=out.kept_aside, merged=out.merged_cycles, closed=out.closed_cycles)
+    finally:
+        store.close()
+    return out
+
+
+def _start_over(path: Path, lock: RunLock) -> Recovery:
+    """--start-over: the store is lost; keep run.json and the task, set every database and best/ aside."""
+    try:
+        run = RunDir.open(path)
+    except RunDirError as e:
+        lock.release()
+        raise RunDirError(f"{e}; with store.sqlite lost too, nothing is left to start over from") from None
+    run.lock = lock
+    names = [f"{db}{tail}" for db in ("store.sqlite", "checkpoints.sqlite") for tail in ("", "-wal", "-shm")]
+    out = Recovery(run=run, started_over=True, kept_aside=set_aside(path, names + ["best"]))
+    run.save()  # a new store, with its copy of run.json
+    store = run.store()
+    try:
+        store.set_meta("status", "recovered")
+        store.log_event("recovered", kept_aside=out.kept_aside, started_over=True)
     finally:
         store.close()
     return out

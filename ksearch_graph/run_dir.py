@@ -115,7 +115,14 @@ class RunDir:
         return load_task(self.path / "task")
 
     def store(self) -> RunStore:
-        return RunStore(self.path / "store.sqlite")
+        """The run's store. One that is missing or empty beside checkpoints is never created afresh: that would
+        hide the loss of every recorded attempt (a reader would make it, a writer then trust it)."""
+        path, checkpoints = self.path / "store.sqlite", self.path / "checkpoints.sqlite"
+        if (not path.exists() or path.stat().st_size == 0) and checkpoints.exists() and checkpoints.stat().st_size:
+            raise RunDirError(f"{path} is {'missing' if not path.exists() else 'empty'}, though the run has "
+                              "checkpoints: it is the only full record of the attempts; restore it from a copy of "
+                              f"the run directory, or see `ksearch recover {self.path}`")
+        return RunStore(path)
 
     def checkpointer(self) -> SqliteSaver:
         conn = sqlite3.connect(str(self.path / "checkpoints.sqlite"), check_same_thread=False)

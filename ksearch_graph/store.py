@@ -10,7 +10,9 @@ Graph state stays small (ids, counters, the compact tree); everything big lives 
 - ``events``: a chronological log for progress views and reports.
 
 Several action cycles may write at once (threads), so every write takes a lock; SQLite in WAL mode
-lets readers (``ksearch show`` from another shell) look in while a run is writing.
+lets readers (``ksearch show`` from another shell) look in while a run is writing. After every write the WAL
+is copied into store.sqlite (a passive checkpoint): the main file alone holds everything committed, so a WAL
+file lost or cut after a crash loses at most the one write in flight, which no checkpoint refers to yet.
 """
 
 from __future__ import annotations
@@ -84,6 +86,19 @@ def _locked(method):
     return wrapper
 
 
+def _writes(method):
+    """A locked write, then the WAL copied into the main file (without waiting for readers)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            out = method(self, *args, **kwargs)
+            self._settle()
+            return out
+
+    return wrapper
+
+
 def source_hash(files: dict[str, str]) -> str:
     h = hashlib.sha256()
     for name in sorted(files):
@@ -115,6 +130,12 @@ class RunStore:
                 self.db[name].create(columns, pk=pk)
         if not self.db["attempts"].indexes:
             self.db["attempts"].create_index(["cycle_id"])
+        self._settle()
+
+    def _settle(self) -> None:
+        """Copy the WAL into store.sqlite (passive: readers are never waited for; skipped inside a transaction)."""
+        if not self.db.conn.in_transaction:
+            self.db.execute("pragma wal_checkpoint(passive)")
 
     @_locked
     def close(self) -> None:
@@ -122,7 +143,7 @@ class RunStore:
 
     # ------------------------------------------------------------------ sources and generations
 
-    @_locked
+    @_writes
     def put_source(self, files: dict[str, str]) -> str:
         digest = source_hash(files)
         self.db["sources"].insert(
@@ -146,7 +167,7 @@ class RunStore:
                              [len(prefix), prefix])
         return [{"key": r["key"], "payload": json.loads(r["payload"]), "created": r["created"]} for r in rows]
 
-    @_locked
+    @_writes
     def put_generation(self, key: str, payload: dict) -> None:
         self.db["generations"].insert(
             {"key": key, "payload": json.dumps(payload), "created": time.time()}, replace=True
@@ -159,7 +180,7 @@ class RunStore:
         rows = list(self.db.query("select * from attempts where id = ?", [attempt_id]))
         return rows[0] if rows else None
 
-    @_locked
+    @_writes
     def record_attempt(
         self,
         *,
@@ -234,7 +255,7 @@ class RunStore:
 
     # ------------------------------------------------------------------ ledger
 
-    @_locked
+    @_writes
     def record_llm_call(self, role: str, purpose: str, usage: dict, seconds: float) -> None:
         self.db["llm_calls"].insert(
             {
@@ -263,13 +284,13 @@ class RunStore:
 
     # ------------------------------------------------------------------ world models, events, meta
 
-    @_locked
+    @_writes
     def snapshot_world_model(self, tree: dict, *, iteration: int, reason: str) -> None:
         self.db["world_models"].insert(
             {"iteration": iteration, "reason": reason, "tree": json.dumps(tree), "created": time.time()}
         )
 
-    @_locked
+    @_writes
     def log_event(self, kind: str, **data: Any) -> None:
         self.db["events"].insert({"kind": kind, "data": json.dumps(data, default=str), "created": time.time()})
 
@@ -280,7 +301,7 @@ class RunStore:
             sql, args = sql + " where kind = ?", [kind]
         return [dict(r, data=json.loads(r["data"])) for r in self.db.query(sql + " order by id", args)]
 
-    @_locked
+    @_writes
     def set_meta(self, key: str, value: Any) -> None:
         self.db["meta"].insert({"key": key, "value": json.dumps(value)}, replace=True)
 
@@ -291,7 +312,7 @@ class RunStore:
 
     # ------------------------------------------------------------------ branching
 
-    @_locked
+    @_writes
     def keep_only_cycles(self, cycle_ids: set[str]) -> int:
         """Forget every cycle not in ``cycle_ids`` (on a branch's copy): its attempts and its cached
         code and planner answers, which a later cycle of the branch with the same id must not reuse.
@@ -314,7 +335,7 @@ class RunStore:
         self.db.conn.commit()
         return len(doomed)
 
-    @_locked
+    @_writes
     def end_cycle_at(self, cycle_id: str, attempts: int) -> None:
         """Forget what a cycle did after its first ``attempts`` attempts, and its world-model update (on the copy
         of a branch at an attempt); then number the attempts 1, 2, ... again."""

@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,35 @@ def test_damaged_checkpoint_stops_readers_and_writers_then_recover_continues(sma
     after = _attempts(run)
     assert after[:2] == before and len(after) == 3  # nothing lost, nothing evaluated again
     assert _show(run)["status"] == "finished"
+
+
+def test_store_file_alone_holds_every_write_while_the_store_is_open(tmp_path):
+    from ksearch_graph.store import RunStore
+
+    store = RunStore(tmp_path / "store.sqlite")
+    for i in range(20):
+        store.log_event("attempt", attempt_id=f"c1.{i}", pad="x" * 2000)
+    assert (tmp_path / "store.sqlite-wal").exists()  # still open: a crash now leaves the WAL beside it
+    shutil.copy(tmp_path / "store.sqlite", tmp_path / "copy.sqlite")  # the main file alone, as if the WAL were lost
+    with closing(sqlite3.connect(tmp_path / "copy.sqlite")) as db:
+        assert db.execute("select count(*) from events").fetchone()[0] == 20
+    store.close()
+
+
+def test_a_lost_store_stops_until_start_over(small_run, tmp_path):
+
+    run = tmp_path / "store-lost"
+    shutil.copytree(small_run, run)
+    (run / "store.sqlite").unlink()
+    for command in (["resume", str(run)], ["recover", str(run)], ["show", str(run)]):
+        proc = run_cli(*command)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "store.sqlite is missing" in proc.stderr and "restore it from a copy" in proc.stderr, proc.stderr
+    assert not (run / "store.sqlite").exists()  # a reader does not create an empty store over the loss
+    proc = run_cli("recover", str(run), "--start-over", check=True)
+    assert "starts again" in proc.stdout and len(list(run.glob("damaged-*/checkpoints.sqlite"))) == 1
+    run_cli("resume", str(run), "--quiet", check=True)
+    assert len(_attempts(run)) == 2 and _show(run)["status"] == "finished"
 
 
 def test_branch_at_an_attempt_continues_from_its_code(small_run, tmp_path):

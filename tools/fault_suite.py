@@ -8,13 +8,16 @@ emptying and deletion of each database file and of its WAL in a run killed mid-s
 two writers at once; a full disk (RLIMIT_FSIZE); a read-only run directory (where it can be made); bad budgets.
 After each, the user's way out is taken: ``resume``, or, when that stops with a clear message, ``recover`` and
 ``resume``. A fault is survived when the run then finishes with every attempt recorded before the fault and
-no attempt evaluated twice. One line per fault, then: faults survived / tried, attempts lost, attempts repeated.
+no attempt evaluated twice. A fault that destroys store.sqlite itself (the only full record of the attempts'
+code) cannot be survived: it must stop with a clear message, and ``recover --start-over`` must make the run
+directory usable again; its attempts count as lost. One line per fault, then: faults survived / tried, attempts lost, attempts repeated.
 Offline planner on examples/softmax (CPU, no LLM key).
 """
 
 from __future__ import annotations
 
 import argparse
+from contextlib import closing
 import fcntl
 import json
 import os
@@ -39,7 +42,7 @@ SEARCH = ["--iterations", str(BUDGET), "-k", "2", "--stagnation-window", "2", "-
 @dataclass
 class Outcome:
     fault: str
-    how: str  # survived | recovered | FAILED
+    how: str  # survived | recovered | restarted (the store itself destroyed: started over) | FAILED
     lost: int = 0
     repeated: int = 0
     note: str = ""
@@ -69,8 +72,10 @@ def start(*args: str) -> subprocess.Popen:
 
 
 def attempts(run: Path) -> list[str]:
+    # Connections are closed at once: one left open across a fault (a WAL deleted beneath it) would, on closing
+    # later, checkpoint through its stale index into store.sqlite and damage it; no ksearch reader stays open so.
     try:
-        with sqlite3.connect(f"file:{run / 'store.sqlite'}?mode=ro", uri=True, timeout=30) as db:
+        with closing(sqlite3.connect(f"file:{run / 'store.sqlite'}?mode=ro", uri=True, timeout=30)) as db:
             return [r[0] for r in db.execute("select id from attempts where prompt_kind != 'seed' order by iteration")]
     except sqlite3.Error:
         return []
@@ -78,7 +83,7 @@ def attempts(run: Path) -> list[str]:
 
 def verify(run: Path, before: set[str]) -> tuple[int, int, str]:
     """(attempts lost, attempts repeated, problem) of a run that should now be finished."""
-    with sqlite3.connect(run / "store.sqlite") as db:
+    with closing(sqlite3.connect(run / "store.sqlite")) as db:
         ids = [r[0] for r in db.execute("select id from attempts where prompt_kind != 'seed'")]
         events = [json.loads(r[0])["attempt_id"] for r in db.execute("select data from events where kind='attempt'")]
         status = json.loads(db.execute("select value from meta where key='status'").fetchone()[0])
@@ -102,17 +107,22 @@ def way_out(fault: str, run: Path, before: set[str], first: subprocess.Completed
             return Outcome(fault, "FAILED", note=f"resume exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
         note = proc.stderr.strip().splitlines()[0][:110]
         fixed = ksearch("recover", str(run))
+        if fixed.returncode != 0 and clear_stop(fixed) and "--start-over" in fixed.stderr:
+            fixed = ksearch("recover", str(run), "--start-over")
+            how = "restarted"
         if fixed.returncode != 0:
             return Outcome(fault, "FAILED", note=f"recover exited {fixed.returncode}: {fixed.stderr.strip()[-300:]}")
         proc = ksearch("resume", str(run), "--quiet")
         if proc.returncode != 0:
             return Outcome(fault, "FAILED", note=f"resume after recover exited {proc.returncode}: "
                                                  f"{proc.stderr.strip()[-300:]}")
-        how = "recovered"
+        how = "restarted" if how == "restarted" else "recovered"
     try:
         lost, repeated, problem = verify(run, before)
     except sqlite3.Error as e:
         return Outcome(fault, "FAILED", note=f"store.sqlite unreadable after the run finished: {e}")
+    if how == "restarted":
+        lost = len(before)  # recorded in the destroyed store; a new attempt may reuse an old id
     return Outcome(fault, "FAILED" if problem else how, lost, repeated, problem or note)
 
 
@@ -241,37 +251,37 @@ def disk_full(work: Path, base: Path) -> Outcome:
 
 
 def read_only(work: Path, base: Path) -> Outcome:
-    """A read-only run directory: a read-only tmpfs where this process may mount one, else chmod (non-root)."""
-    mount = work / "ro-mount"
-    mount.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)],
-                                                   capture_output=True).returncode == 0
-    if os.geteuid() == 0 and not mounted:
-        return Outcome("read-only run directory", "skipped", note="(root without mount: cannot make one)")
-    run = mount / "run"
+    """A read-only run directory: a read-only bind mount of it as root, else its files made read-only (chmod)."""
+    run = work / "read-only"
+    shutil.copytree(base, run)
+    before = set(attempts(run))
+
+    def mount(*args: str) -> bool:
+        return subprocess.run(["mount", *args], capture_output=True).returncode == 0
+
+    as_root = os.geteuid() == 0
+    if as_root:
+        if not mount("--bind", str(run), str(run)):
+            return Outcome("read-only run directory", "skipped", note="(root without mount: cannot make one)")
+        if not mount("-o", "remount,bind,ro", str(run)):
+            subprocess.run(["umount", str(run)], capture_output=True)
+            return Outcome("read-only run directory", "skipped", note="(the bind mount cannot be made read-only)")
+    else:
+        for p in [run, *run.rglob("*")]:
+            p.chmod(p.stat().st_mode & ~0o222)
     try:
-        shutil.copytree(base, run)
-        before = set(attempts(run))
-        if mounted:
-            subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
-        else:
-            for p in [run, *run.rglob("*")]:
-                p.chmod(p.stat().st_mode & ~0o222)
         proc = ksearch("resume", str(run), "--quiet")
-        ok = proc.returncode == 74 and "read-only" in proc.stderr and "Traceback" not in proc.stderr
-        if mounted:
-            subprocess.run(["mount", "-o", "remount,rw", str(mount)], check=True)
+    finally:
+        if as_root:
+            subprocess.run(["umount", str(run)], capture_output=True)
         else:
             for p in [run, *run.rglob("*")]:
                 p.chmod(p.stat().st_mode | 0o200)
-        if not ok:
-            return Outcome("read-only run directory", "FAILED", note=f"exit {proc.returncode}: {proc.stderr[-300:]}")
-        out = way_out("read-only run directory", run, before)
-        out.note = f"exit 74 ({proc.stderr.strip()[9:80]}...), then resumed writable"
-        return out
-    finally:
-        if mounted:
-            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    if not (proc.returncode == 74 and "read-only" in proc.stderr and "Traceback" not in proc.stderr):
+        return Outcome("read-only run directory", "FAILED", note=f"exit {proc.returncode}: {proc.stderr[-300:]}")
+    out = way_out("read-only run directory", run, before)
+    out.note = f"exit 74 ({proc.stderr.strip()[9:80]}...), then resumed writable"
+    return out
 
 
 def bad_budgets(work: Path, base: Path) -> list[Outcome]:
@@ -334,10 +344,13 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     tried = [o for o in outcomes if o.how != "skipped"]
     survived = sum(o.survived for o in tried)
+    restarted = [o for o in tried if o.how == "restarted" and o.repeated == 0]
     print(f"\nfaults survived: {survived}/{len(tried)} ({sum(o.how == 'recovered' for o in tried)} of them stopped "
-          f"with a clear message and were recovered)   attempts lost: {sum(o.lost for o in tried)}   "
+          f"with a clear message and were recovered; {len(restarted)} more destroyed store.sqlite itself, stopped "
+          f"with a clear message and were started over with recover --start-over)   attempts lost: "
+          f"{sum(o.lost for o in tried)} ({sum(o.lost for o in restarted)} of them in a destroyed store)   "
           f"attempts repeated: {sum(o.repeated for o in tried)}")
-    return 0 if survived == len(tried) else 1
+    return 0 if survived + len(restarted) == len(tried) else 1
 
 
 if __name__ == "__main__":
