@@ -143,7 +143,7 @@ class RayStandInPool:
 
         self.ray, self.Interval = ray, Interval
         # One logical GPU per evaluation and no CPU: the stand-in only sleeps, and the local Ray has 2 CPUs.
-        self.remote = ray.remote(num_gpus=1, num_cpus=0, max_retries=1)(ray_standin)
+        self.remote = ray.remote(num_gpus=1, num_cpus=0, max_retries=1, max_calls=0)(ray_standin)  # as RayPool
         self.slots, self.mean_s, self.jitter_s = gpus, mean_s, jitter_s
         self.rng, self.lock, self.intervals = random.Random(seed), threading.Lock(), []
 
@@ -162,7 +162,7 @@ def ray_dispatch_ms(samples: int = 20) -> float:
 
     import ray
 
-    noop = ray.remote(num_gpus=1, num_cpus=0)(pause)
+    noop = ray.remote(num_gpus=1, num_cpus=0, max_calls=0)(pause)
     times = []
     for _ in range(samples):
         t = time.perf_counter()
