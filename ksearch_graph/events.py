@@ -75,8 +75,14 @@ class CycleOrphanedEvent(Event):
 
 
 @dataclass(frozen=True)
+class LaneWaitingEvent(Event):
+    kind: ClassVar[str] = "lane_waiting"  # a rolling lane found no free action: it waits for another lane's merge
+    cycle_id: str
+
+
+@dataclass(frozen=True)
 class LaneFinishedEvent(Event):
-    kind: ClassVar[str] = "lane_finished"  # a rolling lane ended: no free action, or the budget is spent
+    kind: ClassVar[str] = "lane_finished"  # a rolling lane ended: budget spent, a cap, or nothing left to do
     cycle_id: str
     reason: str
 

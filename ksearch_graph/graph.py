@@ -5,7 +5,8 @@
     action_cycle:  START -> instantiate_code -> compile_and_bench -> reflect --continue--> instantiate_code
                                                                           \\--close--> END
                    (rolling lanes, k > 1:  reflect --close--> next_cycle --next--> instantiate_code
-                                                                          \\--lane done--> END)
+                                                                          \\--lane done--> END;
+                    a lane launched without a free action starts at next_cycle, waiting for one)
 
 One node per phase, so every phase boundary is a checkpoint (and a point to branch from). The
 subgraph is compiled without a checkpointer: it inherits the parent's, and its own steps are
@@ -21,7 +22,7 @@ from .context import SearchContext
 from .nodes.compile_and_bench import compile_and_bench
 from .nodes.finalize import finalize
 from .nodes.instantiate_code import instantiate_code
-from .nodes.next_cycle import after_next_cycle, next_cycle
+from .nodes.next_cycle import after_next_cycle, lane_start, next_cycle
 from .nodes.reflect import continue_or_close, reflect
 from .nodes.select_plans import launch_cycles, select_plans
 from .nodes.world_model_update import init_world_model, update_world_model
@@ -34,7 +35,7 @@ def build_cycle_graph(context_schema: type = SearchContext):
     g.add_node("compile_and_bench", compile_and_bench)
     g.add_node("reflect", reflect)
     g.add_node("next_cycle", next_cycle)
-    g.add_edge(START, "instantiate_code")
+    g.add_conditional_edges(START, lane_start, ["instantiate_code", "next_cycle"])
     g.add_edge("instantiate_code", "compile_and_bench")
     g.add_edge("compile_and_bench", "reflect")
     g.add_conditional_edges("reflect", continue_or_close, ["instantiate_code", "next_cycle", END])

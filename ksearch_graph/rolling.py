@@ -3,13 +3,19 @@
 A round starts k cycles (``select_plans``). In rounds mode the world model is updated once all k have ended, so a
 lane whose cycle ended early idles until the slowest ends. Here each lane, when its cycle ends, merges the result
 into the round's live search state (the world model, the best, the counters) and claims the next plan at once; the
-round ends when every lane has found nothing more to do (budget spent, caps hit, no open action that another lane
-is not already on).
+round ends when every lane has found nothing more to do.
+
+A lane that finds no open action free (or the budget claimed by the running lanes) waits for another lane's merge,
+which brings the planner's new actions or gives back unspent budget; that merge hands it its next cycle. A lane ends
+when the budget is spent, a cap is hit, or no other lane is running (then nothing more can come). With more lanes
+than the frontier has actions at the start, the extra lanes begin waiting.
 
 The live state is shared by the lanes' threads under one lock, and every merge is written to the store as one
 record, ``merge:<cycle id>`` (the state after the merge, and the cycle the lane claimed next), before the lane moves
 on. That record is the commit: a lane re-run after a crash finds it and continues with the same next cycle, so no
-merge happens twice and no claimed cycle is lost. The planner's answer is asked outside the lock (on the state as it
+merge happens twice and no claimed cycle is lost. The waiting lanes are part of each record, and the cycle (or the
+end) a merge hands a waiting lane is written in that merge's record, so a lane re-run after a crash finds what it
+was handed, or waits again. The planner's answer is asked outside the lock (on the state as it
 was) and cached under its usual key; the merge under the lock replays it on the state as it is now.
 """
 
@@ -31,14 +37,19 @@ _rounds: dict[tuple[str, str], "RollingRound"] = {}
 _rounds_lock = threading.Lock()
 
 
+WAKE_CHECK_S = 5.0  # a waiting lane re-checks this often (it is woken at once by every merge)
+
+
 class RollingRound:
-    def __init__(self, round_id: str, record: dict):
+    def __init__(self, round_id: str, record: dict, handoffs: dict[str, dict]):
         self.round_id = round_id
-        self.record = record  # the latest commit: {"round", "seq", "state", "active", ...}
-        self.lock = threading.Lock()
+        self.record = record  # the latest commit: {"round", "seq", "state", "active", "waiting", ...}
+        self.handoffs = handoffs  # waiting lane -> what a merge handed it: {"next": cycle or None, "lane_end": ...}
+        self.lock = threading.Condition()
 
     def merge_and_claim(self, ctx: SearchContext, runtime: Runtime[SearchContext], result: dict) -> dict:
-        """Merge a finished cycle and claim its lane's next cycle, once. Returns the commit record."""
+        """Merge a finished cycle and claim its lane's next cycle (and the waiting lanes'), once. Returns the commit
+        record: ``next`` is the lane's next cycle; else ``waits`` (wait for a hand-off) or ``lane_end``."""
         from .nodes.world_model_update import merge_cycle
 
         key = f"merge:{result['cycle_id']}"
@@ -57,45 +68,85 @@ class RollingRound:
             active = {cid: c for cid, c in self.record["active"].items() if cid != result["cycle_id"]}
             after = {"world_model": wm.to_state(), "best": best, "iterations_done": iterations,
                      "merged_cycles": state["merged_cycles"] + [result["cycle_id"]], "cycle_seq": state["cycle_seq"]}
-            nxt, why_not = _claim(ctx, wm, after, active, self.round_id)
-            if nxt is not None:
-                after["cycle_seq"] += 1
-                active[nxt["id"]] = {"node_id": nxt["node_id"], "allowance": nxt["allowance"]}
+            waiting = list(self.record.get("waiting", []))
+            handoff: dict[str, dict] = {}
+            nxt, why_not, final = self._claim_into(ctx, wm, after, active)
+            reason = why_not
+            if nxt is not None:  # then the waiting lanes, longest waiting first
+                for lane in list(waiting):
+                    cycle, reason, final = self._claim_into(ctx, wm, after, active)
+                    if cycle is None:
+                        break
+                    handoff[lane] = {"next": cycle, "lane_end": None}
+                    waiting.remove(lane)
+            waits = nxt is None and not final and bool(active)
+            if waits:
+                waiting.append(result["cycle_id"])
+            elif final or not active:  # nothing more can come: every waiting lane ends
+                reason = reason if final else f"{reason}, and no other lane is running"
+                handoff.update({lane: {"next": None, "lane_end": reason} for lane in waiting})
+                waiting = []
             record = {"round": self.round_id, "seq": self.record["seq"] + 1, "cycle": result["cycle_id"],
-                      "state": after, "active": active, "next": nxt, "lane_end": why_not}
+                      "state": after, "active": active, "next": nxt, "waits": waits,
+                      "lane_end": None if nxt is not None or waits else reason,
+                      "waiting": waiting, "handoff": handoff}
             ctx.store.put_generation(key, record)
             self.record = record
+            self.handoffs.update(handoff)
+            self.lock.notify_all()
         return record
 
+    def _claim_into(self, ctx: SearchContext, wm: WorldModel, state: dict,
+                    active: dict) -> tuple[dict | None, str | None, bool]:
+        nxt, why_not, final = _claim(ctx, wm, state, active, self.round_id)
+        if nxt is not None:
+            state["cycle_seq"] += 1
+            active[nxt["id"]] = {"node_id": nxt["node_id"], "allowance": nxt["allowance"]}
+        return nxt, why_not, final
 
-def _claim(ctx: SearchContext, wm: WorldModel, state: dict, active: dict, round_id: str) -> tuple[dict | None, str | None]:
-    """The lane's next cycle: the best open action no other lane is on, with a share of the unclaimed budget."""
+    def wait_for_handoff(self, lane: str) -> dict:
+        """Block until a merge hands ``lane`` its next cycle or ends it: {"next": cycle or None, "lane_end": ...}.
+        Bounded: every merge hands out what it can, and the last running lane's merge ends every waiting lane."""
+        with self.lock:
+            while lane not in self.handoffs:
+                self.lock.wait(WAKE_CHECK_S)
+            return self.handoffs[lane]
+
+
+def _claim(ctx: SearchContext, wm: WorldModel, state: dict, active: dict,
+           round_id: str) -> tuple[dict | None, str | None, bool]:
+    """The lane's next cycle: the best open action no other lane is on, with a share of the unclaimed budget.
+    Else why not, and whether that is final (budget spent, cap hit) or may change with another lane's merge."""
     from .nodes.select_plans import new_cycle
 
     budget = ctx.config.budget.iterations
-    unclaimed = budget - state["iterations_done"] - sum(c["allowance"] for c in active.values())
     stop = ctx.cap_stop_reason()
     if stop is not None:
-        return None, stop
+        return None, stop, True
+    if state["iterations_done"] >= budget:
+        return None, "the iteration budget is spent", True
+    unclaimed = budget - state["iterations_done"] - sum(c["allowance"] for c in active.values())
     if unclaimed <= 0:
-        return None, "the iteration budget is spent or claimed by the other lanes"
+        return None, "the iteration budget is claimed by the other lanes", False
     picks = select_actions(wm, 1, policy=ctx.config.policy, difficulty_cap=ctx.config.difficulty_cap,
                            exclude={c["node_id"] for c in active.values()})
     if not picks:
-        return None, "no open action that another lane is not on"
+        return None, "no open action that another lane is not on", False
     allowance = max(1, math.ceil(unclaimed / ctx.config.parallel_cycles))
     best_score = (state["best"] or {}).get("score", 0.0)
     cycle = new_cycle(ctx, wm, picks[0], state["cycle_seq"] + 1, allowance, best_score, state["iterations_done"])
-    return cycle | {"round": round_id}, None
+    return cycle | {"round": round_id}, None, False
 
 
-def start_round(ctx: SearchContext, cycles: list[dict], state: dict) -> None:
-    """Mark the launched cycles as one rolling round and write its starting state (``round:<id>``)."""
+def start_round(ctx: SearchContext, cycles: list[dict], waiting: list[dict], state: dict) -> None:
+    """Mark the launched cycles and waiting lanes as one rolling round and write its starting state
+    (``round:<id>``)."""
     round_id = cycles[0]["id"]
-    for c in cycles:
+    for c in cycles + waiting:
         c["round"] = round_id
     record = {"round": round_id, "seq": 0, "state": {k: state.get(k) for k in STATE_KEYS},
-              "active": {c["id"]: {"node_id": c["node_id"], "allowance": c["allowance"]} for c in cycles}}
+              "active": {c["id"]: {"node_id": c["node_id"], "allowance": c["allowance"]} for c in cycles},
+              "waiting": [w["id"] for w in waiting]}
     record["state"]["merged_cycles"] = list(record["state"]["merged_cycles"] or [])
     record["state"]["iterations_done"] = record["state"]["iterations_done"] or 0
     ctx.store.put_generation(f"round:{round_id}", record)
@@ -103,23 +154,33 @@ def start_round(ctx: SearchContext, cycles: list[dict], state: dict) -> None:
         _rounds.pop((str(ctx.store.path), round_id), None)
 
 
+def waiting_lane(round_id: str, i: int) -> dict:
+    """The launch payload of a lane that starts waiting (no free action for it yet)."""
+    return {"id": f"{round_id}.lane{i}", "waiting": True}
+
+
 def live_round(ctx: SearchContext, round_id: str) -> RollingRound:
-    """The round's shared live state: in memory while this process runs it, else rebuilt from its latest commit."""
+    """The round's shared live state: in memory while this process runs it, else rebuilt from its commits."""
     key = (str(ctx.store.path), round_id)
     with _rounds_lock:
         if key not in _rounds:
-            _rounds[key] = RollingRound(round_id, latest_record(ctx.store, round_id))
+            records = round_records(ctx.store, round_id)
+            handoffs = {lane: h for r in records for lane, h in r.get("handoff", {}).items()}
+            _rounds[key] = RollingRound(round_id, records[-1], handoffs)
         return _rounds[key]
 
 
-def latest_record(store, round_id: str) -> dict:
-    records = [r for r in store.generations_with_prefix("merge:") if r["payload"].get("round") == round_id]
-    if records:
-        return max(records, key=lambda r: r["payload"]["seq"])["payload"]
+def round_records(store, round_id: str) -> list[dict]:
+    """The round's start record and its merges, in commit order."""
     start = store.get_generation(f"round:{round_id}")
     if start is None:
         raise RuntimeError(f"rolling round {round_id} has no record in the store")
-    return start
+    merges = [r["payload"] for r in store.generations_with_prefix("merge:") if r["payload"].get("round") == round_id]
+    return [start] + sorted(merges, key=lambda r: r["seq"])
+
+
+def latest_record(store, round_id: str) -> dict:
+    return round_records(store, round_id)[-1]
 
 
 def round_state(ctx: SearchContext, round_id: str) -> dict:

@@ -1,9 +1,9 @@
 """The local evaluation pool and rolling cycles: real evaluations (the Triton interpreter on CPU slots), the real CLI.
 
 - the pool runs evaluations at once on different slots, and never two on one slot;
-- a search with k lanes on the pool, killed with SIGKILL while evaluations are in flight, then resumed: every
-  attempt is recorded once, every cycle merged once, the budget spent exactly; a branch from a rolling merge point
-  starts from that merge's state.
+- a search with k lanes on the pool, killed with SIGKILL while evaluations are in flight and a lane waits for a
+  free action, then resumed: every attempt is recorded once, every cycle merged once, every waiting lane handed one
+  cycle or ended once, the budget spent exactly; a branch from a rolling merge point starts from that merge's state.
 """
 
 from __future__ import annotations
@@ -91,21 +91,28 @@ def _store_rows(run_dir, sql):
             return [(0,)]
 
 
+def _round_commits(run_dir) -> list[dict]:
+    """The rolling rounds' records (start and merges), in commit order."""
+    rows = _store_rows(run_dir, "select payload from generations where key like 'round:%' or key like 'merge:%'")
+    records = [json.loads(r[0]) for r in rows if r and isinstance(r[0], str)]
+    return sorted(records, key=lambda r: (r["round"], r["seq"]))
+
+
 @pytest.mark.slow
 def test_rolling_lanes_on_the_pool_survive_kill9_and_branch_from_a_merge(tmp_path):
+    # k 5 lanes and 3 starting actions (the offline planner's 3 algorithm families): 2 lanes start waiting.
     run_dir, iterations = tmp_path / "run", 8
     cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations",
-           str(iterations), "-k", "3", "--samples", "2", "--cpu-slots", "2", "--stagnation-window", "2",
+           str(iterations), "-k", "5", "--samples", "2", "--cpu-slots", "2", "--stagnation-window", "2",
            "--run-dir", str(run_dir)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("OPENAI_API_KEY", None)
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline, killed_in_flight = time.monotonic() + 300, 0
     while time.monotonic() < deadline and proc.poll() is None:
-        merged = (run_dir / "store.sqlite").exists() and _store_rows(
-            run_dir, "select count(*) from generations where key like 'merge:%'")[0][0]
+        commits = _round_commits(run_dir) if (run_dir / "store.sqlite").exists() else []
         judges = _judges_of(proc.pid)
-        if merged and judges:  # a lane has merged, and an evaluation is running right now
+        if len(commits) > 1 and commits[-1]["waiting"] and judges:  # merged, a lane waits, an evaluation runs
             proc.send_signal(signal.SIGKILL)
             killed_in_flight = len(judges)
             break
@@ -124,6 +131,14 @@ def test_rolling_lanes_on_the_pool_survive_kill9_and_branch_from_a_merge(tmp_pat
     cycles = {r[0] for r in _store_rows(run_dir, "select distinct cycle_id from attempts where prompt_kind != 'seed'")}
     merges = [r[0] for r in _store_rows(run_dir, "select key from generations where key like 'merge:%'")]
     assert sorted(merges) == sorted(f"merge:{c}" for c in cycles), "a cycle was not merged exactly once"
+    # Every lane that waited was handed exactly one next cycle or its end, and no cycle was handed out twice.
+    commits = _round_commits(run_dir)
+    waited = {lane for r in commits for lane in r["waiting"]}
+    handed = [lane for r in commits for lane in r.get("handoff", {})]
+    assert waited and sorted(handed) == sorted(waited), (waited, handed)
+    started = [h["next"]["id"] for r in commits for h in r.get("handoff", {}).values() if h["next"]]
+    started += [r["next"]["id"] for r in commits if r.get("next")]
+    assert started and len(started) == len(set(started)) and set(started) <= cycles
     show = json.loads(run_cli("show", str(run_dir), "--json", check=True).stdout)
     assert show["iterations_done"] == iterations and show["status"] == "finished"
 

@@ -2,7 +2,7 @@
 
     python tools/bench_throughput.py [--pool local|ray|both] [--workers 1,2,4,8] [-k 1,2,4,8,16]
         [--llm-s 30 --llm-jitter-s 10] [--eval-s 15 --eval-jitter-s 5] [--scale 0.05] [--iterations-per-lane 4]
-        [--evaluator standin|real] [--out results.json]
+        [--samples 1] [--iterations N] [--evaluator standin|real] [--out results.json]
 
 Everything is real except the LLM and (by default) the GPU: the graph, the checkpointer, the run store, the pool's
 leasing (local slots, or Ray tasks holding one logical GPU each on a local Ray with ``--workers`` GPUs), and the
@@ -15,8 +15,15 @@ edit (as many new ideas as an edit may add, under the node the cycle worked on) 
 All times are multiplied by ``--scale`` so a grid runs in minutes on a small machine; iterations per hour are
 reported at full scale (measured rate x 1 / scale). The graph's own time is not scaled: it is reported as the
 serial run's wall time not spent in the LLM or the evaluator, per iteration, and as the driver's CPU time per
-iteration in every run. Pool utilisation is leased slot-time over slot-time, from the first evaluation's start to
-the last one's end ("steady") and over the whole run ("run").
+iteration in every run.
+
+Pool busy = slot-time leased to evaluations / (slots x window), in two windows: "run" is the whole search (start-up
+included: the seed's measurement, the world model's initialisation and the first code generation, during which the
+pool is mostly idle, and the final update); "steady" runs from the first search evaluation's start to the last
+evaluation's end (start-up and the final update excluded; the ramp-up of lanes and the drain at the end included).
+Iterations per hour are over the whole run. On Ray a slot counts as leased while the evaluation runs on the worker;
+Ray's own dispatch time per task (measured as the round trip of a no-op task holding one GPU, before each block) is
+reported separately, since it is not scaled down with the evaluation.
 """
 
 from __future__ import annotations
@@ -136,7 +143,7 @@ class RayStandInPool:
 
         self.ray, self.Interval = ray, Interval
         # One logical GPU per evaluation and no CPU: the stand-in only sleeps, and the local Ray has 2 CPUs.
-        self.remote = ray.remote(num_gpus=1, num_cpus=0, max_retries=1)(ray_standin)
+        self.remote = ray.remote(num_gpus=1, num_cpus=0, max_retries=1, max_calls=0)(ray_standin)  # as RayPool
         self.slots, self.mean_s, self.jitter_s = gpus, mean_s, jitter_s
         self.rng, self.lock, self.intervals = random.Random(seed), threading.Lock(), []
 
@@ -149,19 +156,35 @@ class RayStandInPool:
         return EvalResult.model_validate_json(text)
 
 
+def ray_dispatch_ms(samples: int = 20) -> float:
+    """Median round trip of a no-op Ray task holding one logical GPU: Ray's own cost per evaluation on this host."""
+    import statistics
+
+    import ray
+
+    noop = ray.remote(num_gpus=1, num_cpus=0, max_calls=0)(pause)
+    times = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        ray.get(noop.remote(0.0))
+        times.append(time.perf_counter() - t)
+    return round(1000 * statistics.median(times), 1)
+
+
 def utilisation(intervals, slots: int, since: float, until: float) -> float:
     from ksearch_graph.harness.pool import busy_share
 
     return busy_share(intervals, slots, since, until)
 
 
-def run_one(args, pool_kind: str, workers: int, k: int, server: StandInLLM, task) -> dict:
+def run_one(args, pool_kind: str, workers: int, k: int, samples: int, budget: int | None, server: StandInLLM,
+            task) -> dict:
     scale = args.scale
-    iterations = max(args.min_iterations, args.iterations_per_lane * k * args.samples)
+    iterations = budget or max(args.min_iterations, args.iterations_per_lane * k * samples)
     settings = LLMSettings(model="standin", base_url=server.base_url, max_retries=2, backoff_s=0.01,
                            timeout_s=600)
     config = SearchConfig(budget=Budget(iterations=iterations), parallel_cycles=k, stagnation_window=3,
-                          samples=args.samples,
+                          samples=samples,
                           planner="llm", planner_llm=settings, coder_llm=settings, confirm_new_best=False,
                           timing_budget_s=0.05)
     seed = 1000 * workers + k
@@ -189,12 +212,15 @@ def run_one(args, pool_kind: str, workers: int, k: int, server: StandInLLM, task
         ctx.store.close()
     n = len(attempts)
     intervals = list(pool.intervals)
-    first, last = min(i.start for i in intervals), max(i.end for i in intervals)
+    # The steady window opens with the first search evaluation (the seed is measured during start-up).
+    first = min(i.start for i in intervals if i.attempt_id != "seed")
+    last = max(i.end for i in intervals)
     return {
-        "pool": pool_kind, "workers": workers, "k": k, "samples": args.samples, "iterations": n, "wall_s": round(wall, 2),
+        "pool": pool_kind, "workers": workers, "k": k, "samples": samples, "iterations": n, "wall_s": round(wall, 2),
         "iterations_per_hour": round(n / wall * 3600 * scale, 1),
         "busy_steady": round(utilisation(intervals, workers, first, last), 3),
         "busy_run": round(utilisation(intervals, workers, c0, c1), 3),
+        "startup_s": round((first - c0) / scale, 1),  # full scale: until the first evaluation starts
         # Serial runs only: wall time outside the LLM and the evaluator, per iteration (not scaled).
         "overhead_ms_per_iteration": round(1000 * (wall - llm_s - eval_s) / n, 1) if k == 1 and workers == 1 else None,
         "driver_cpu_ms_per_iteration": round(1000 * cpu / n, 1),
@@ -215,40 +241,57 @@ def main() -> None:
                                                                             "--min-iterations)")
     ap.add_argument("--min-iterations", type=int, default=8)
     ap.add_argument("--samples", type=int, default=1, help="code generations per step, evaluated side by side")
+    ap.add_argument("--extra", default="", help="more cells after the grid, W:KxS[:BUDGET],...: W workers, K lanes, "
+                                                "S samples, an iteration budget (default per lane)")
     ap.add_argument("--evaluator", choices=["standin", "real"], default="standin")
     ap.add_argument("--out", help="write every row as JSON here")
     args = ap.parse_args()
     os.environ.setdefault("OPENAI_API_KEY", "standin")
     task = load_task(TASK)
     kinds = ["local", "ray"] if args.pool == "both" else [args.pool]
-    workers = [int(w) for w in args.workers.split(",")]
-    ks = [int(k) for k in args.k.split(",")]
+    workers = [int(w) for w in args.workers.split(",") if w]
+    ks = [int(k) for k in args.k.split(",") if k]
+    cells = {w: [(k, args.samples, None) for k in ks] for w in workers}
+    for spec in filter(None, args.extra.split(",")):
+        m = re.fullmatch(r"(\d+):(\d+)x(\d+)(?::(\d+))?", spec)
+        if m is None:
+            ap.error(f"--extra wants W:KxS[:BUDGET] cells like 8:16x2:192, not {spec!r}")
+        w, k, s, budget = (int(g) if g else None for g in m.groups())
+        cells.setdefault(w, []).append((k, s, budget))
     rows = []
     with StandInLLM(task, args.llm_s * args.scale, args.llm_jitter_s * args.scale) as server:
         for kind in kinds:
-            for w in workers:
+            for w in sorted(cells):
                 if kind == "ray":  # a local Ray of exactly w logical GPUs
                     import ray
 
                     ray.init(num_cpus=2, num_gpus=w, include_dashboard=False, log_to_driver=False)
                     warm = ray.remote(num_gpus=1, num_cpus=0)(pause)  # start the w worker processes first
                     ray.get([warm.remote(0.5) for _ in range(w)])
-                for k in ks:
-                    row = run_one(args, kind, w, k, server, task)
+                    dispatch = ray_dispatch_ms()
+                for k, samples, budget in cells[w]:
+                    row = run_one(args, kind, w, k, samples, budget, server, task)
+                    if kind == "ray":
+                        row["ray_dispatch_ms"] = dispatch
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                 if kind == "ray":
                     ray.shutdown()
     serial = {r["pool"]: r for r in rows if r["workers"] == 1 and r["k"] == 1 and r["samples"] == 1}
     print(f"\n| pool | workers | k x samples | iterations | iterations/hour | x serial | busy (steady) | busy (run) | "
-          f"driver CPU ms/iter |\n|---|---|---|---|---|---|---|---|---|")
+          f"start-up s | driver CPU ms/iter |\n|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         base = serial.get(r["pool"])
         speedup = f"{r['iterations_per_hour'] / base['iterations_per_hour']:.2f}" if base else "-"
         print(f"| {r['pool']} | {r['workers']} | {r['k']}x{r['samples']} | {r['iterations']} | {r['iterations_per_hour']:.0f} | "
-              f"{speedup} | {r['busy_steady']:.0%} | {r['busy_run']:.0%} | {r['driver_cpu_ms_per_iteration']} |")
+              f"{speedup} | {r['busy_steady']:.0%} | {r['busy_run']:.0%} | {r['startup_s']:.0f} | "
+              f"{r['driver_cpu_ms_per_iteration']} |")
     for kind, r in serial.items():
         print(f"serial loop ({kind}): graph overhead {r['overhead_ms_per_iteration']} ms per iteration")
+    for w in sorted({r["workers"] for r in rows if "ray_dispatch_ms" in r}):
+        ms = next(r["ray_dispatch_ms"] for r in rows if r["workers"] == w and "ray_dispatch_ms" in r)
+        print(f"Ray dispatch ({w} GPUs): {ms} ms per no-op task; the scaled evaluation is "
+              f"{1000 * args.eval_s * args.scale:.0f} ms")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
 

@@ -110,7 +110,10 @@ class RayPool:
         import ray
 
         if self._remote is None:
-            self._remote = ray.remote(max_retries=RETRIES, retry_exceptions=False)(evaluate_on_worker)
+            # max_calls=0: workers are reused (Ray's default for GPU tasks is a fresh worker per task, which costs a
+            # process start per evaluation and loses the worker's reference timings); the GPU work runs in the
+            # judge's processes, so a worker holds no GPU memory between tasks.
+            self._remote = ray.remote(max_retries=RETRIES, retry_exceptions=False, max_calls=0)(evaluate_on_worker)
         return self._remote
 
     def _bundle(self, task: Task) -> tuple[str, object]:
@@ -132,7 +135,9 @@ def pack_folder(folder: Path) -> bytes:
 
 # ---------------------------------------------------------------------- on the worker
 
-_evaluators: dict = {}  # per worker process: one SubprocessEvaluator per settings, keeping its reference timings
+# Per worker process: one SubprocessEvaluator per settings, keeping its reference timings (per GPU). No processes
+# started ahead: a reused worker may hold a different GPU for its next task.
+_evaluators: dict = {}
 
 
 def evaluate_on_worker(bundle: bytes, digest: str, files: dict[str, str], attempt_id: str,
@@ -145,7 +150,7 @@ def evaluate_on_worker(bundle: bytes, digest: str, files: dict[str, str], attemp
     task = load_task(_unpacked(bundle, digest))
     key = repr(sorted(settings.items()))
     if key not in _evaluators:
-        _evaluators[key] = SubprocessEvaluator(**settings)
+        _evaluators[key] = SubprocessEvaluator(**(settings | {"prestart": False}))
     result = _evaluators[key].evaluate(task, files, attempt_id=attempt_id)
     import ray
 

@@ -29,9 +29,10 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
     picks: list[str] = []
     if stop is None:
         remaining = ctx.config.budget.iterations - done
+        lanes = min(ctx.config.parallel_cycles, remaining)
         picks = select_actions(
             wm,
-            min(ctx.config.parallel_cycles, remaining),
+            lanes,
             policy=ctx.config.policy,
             difficulty_cap=ctx.config.difficulty_cap,
         )
@@ -43,9 +44,12 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
         emit(runtime, StoppingEvent(reason=stop))
         return {"stop_reason": stop, "selected": [], "world_model": wm.to_state(), "last_node": "select_plans"}
 
+    # Rolling lanes: every lane gets its share of the budget, and the lanes without an action yet start waiting
+    # for one (another lane's update adds actions); in rounds the picked cycles share the budget.
+    lanes = lanes if rolling(ctx) else len(picks)
     seq = state.get("cycle_seq", 0)
     best_score = (state.get("best") or {}).get("score", 0.0)
-    share, extra = divmod(remaining, len(picks))
+    share, extra = divmod(remaining, lanes)
     cycles = []
     for i, node_id in enumerate(picks):
         seq += 1
@@ -53,11 +57,13 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
         cycles.append(cycle)
         emit(runtime, CycleStartedEvent(cycle_id=cycle["id"], node_id=node_id,
                                         title=wm.nodes[node_id].action.title, allowance=cycle["allowance"]))
-    if rolling(ctx) and len(cycles) > 1:
-        from ..rolling import start_round
+    waiting: list[dict] = []
+    if rolling(ctx) and lanes > 1:
+        from ..rolling import start_round, waiting_lane
 
-        start_round(ctx, cycles, {**state, "world_model": wm.to_state(), "cycle_seq": seq})
-    return {"selected": cycles, "cycle_seq": seq, "stop_reason": None, "world_model": wm.to_state(),
+        waiting = [waiting_lane(cycles[0]["id"], i) for i in range(len(cycles) + 1, lanes + 1)]
+        start_round(ctx, cycles, waiting, {**state, "world_model": wm.to_state(), "cycle_seq": seq})
+    return {"selected": cycles + waiting, "cycle_seq": seq, "stop_reason": None, "world_model": wm.to_state(),
             "last_node": "select_plans"}
 
 
