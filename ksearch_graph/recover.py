@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .graph import build_search_graph
-from .nodes.world_model_update import _best_entry
+from .nodes.merge import best_entry
 from .integrity import DamagedRun, check_for_writing, set_aside, store_lost, store_problem
 from .run_dir import RUN_FILE, RunDir, RunDirError, write_atomically
 from .run_lock import RunLock
@@ -138,11 +138,11 @@ def _seed_checkpoint(run: RunDir, store: RunStore, out: Recovery) -> None:
     best = None
     seed = (by_cycle.get("seed") or [None])[0]
     if seed is not None and seed["status"] == "passed":
-        best = _best_entry(seed, ROOT)
+        best = best_entry(seed, ROOT)
     for cycle_id in merged:
         cycle_best = _cycle_best(by_cycle[cycle_id], margin)
         if cycle_best and (best is None or cycle_best["score"] > best["score"] * (1 + margin)):
-            best = _best_entry(cycle_best, by_cycle[cycle_id][0]["node_id"])
+            best = best_entry(cycle_best, by_cycle[cycle_id][0]["node_id"])
     finished = []
     for cycle_id, rows in sorted(by_cycle.items(), key=lambda kv: kv[1][0]["iteration"]):
         if cycle_id == "seed" or cycle_id in merged:

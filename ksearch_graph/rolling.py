@@ -50,7 +50,7 @@ class RollingRound:
     def merge_and_claim(self, ctx: SearchContext, runtime: Runtime[SearchContext], result: dict) -> dict:
         """Merge a finished cycle and claim its lane's next cycle (and the waiting lanes'), once. Returns the commit
         record: ``next`` is the lane's next cycle; else ``waits`` (wait for a hand-off) or ``lane_end``."""
-        from .nodes.world_model_update import merge_cycle
+        from .nodes.merge import merge_cycle
 
         key = f"merge:{result['cycle_id']}"
         done = ctx.store.get_generation(key)
@@ -117,7 +117,7 @@ def _claim(ctx: SearchContext, wm: WorldModel, state: dict, active: dict,
            round_id: str) -> tuple[dict | None, str | None, bool]:
     """The lane's next cycle: the best open action no other lane is on, with a share of the unclaimed budget.
     Else why not, and whether that is final (budget spent, cap hit) or may change with another lane's merge."""
-    from .nodes.select_plans import new_cycle
+    from .nodes.cycles import new_cycle
 
     budget = ctx.config.budget.iterations
     stop = ctx.cap_stop_reason()

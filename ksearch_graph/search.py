@@ -17,7 +17,6 @@ from .context import SearchContext
 from .graph import build_search_graph
 from .run_dir import RunDir, RunDirError, copy_sqlite
 from .store import attempt_summary
-from .task import Task
 from .world_model import WorldModel, check_invariants
 
 EventSink = Callable[[dict], None]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..evaluation import EvalResult, Evaluator, Status
-from .client import SubprocessEvaluator, gpu_driver_present
+from .client import gpu_driver_present
 from ..task import Task
 
 HEALTH_CHECK = ("import torch; x = torch.ones(1 << 20, device='cuda'); torch.cuda.synchronize(); "

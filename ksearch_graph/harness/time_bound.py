@@ -29,7 +29,6 @@ processes by milliseconds: there the judge's interval leaves out the time either
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass

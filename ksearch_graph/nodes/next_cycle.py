@@ -15,7 +15,7 @@ from ..rolling import live_round
 from ..state import CycleState
 from ..events import CycleStartedEvent, LaneFinishedEvent, LaneWaitingEvent
 from ._common import emit
-from .select_plans import fresh_cycle_state
+from .cycles import fresh_cycle_state
 
 
 def next_cycle(state: CycleState, runtime: Runtime) -> dict:

@@ -19,6 +19,7 @@ from ..policy import select_actions
 from ..state import SearchState
 from ..world_model import Action, WorldModel
 from ._common import emit
+from .cycles import fresh_cycle_state, new_cycle
 
 
 def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
@@ -73,23 +74,6 @@ def rolling(ctx: SearchContext) -> bool:
     return ctx.config.parallel_cycles > 1 and ctx.config.rolling_cycles and not ctx.config.approve_plans
 
 
-def new_cycle(ctx: SearchContext, wm: WorldModel, node_id: str, seq: int, allowance: int, best_score: float,
-              done: int) -> dict:
-    """A cycle's launch payload (fixed for its life)."""
-    base = wm.code_parent(node_id).attachment
-    return {
-        "id": _fresh_cycle_id(ctx, seq),
-        "node_id": node_id,
-        "action": wm.nodes[node_id].action.model_dump(mode="json"),
-        "allowance": allowance,
-        "base_attempt_id": base.attempt_id if base else None,
-        "base_source_hash": base.source_hash if base else None,
-        "base_score": base.score if base else None,
-        "best_score_at_start": best_score,
-        "iteration_base": done,
-    }
-
-
 class PlanDecision(BaseModel):
     """A person's answer to "implement this plan next?" (the resume value of the interrupt)."""
 
@@ -133,17 +117,6 @@ def _approve(wm: WorldModel, picks: list[str]) -> tuple[list[str], WorldModel, s
     return approved, wm, None
 
 
-def _fresh_cycle_id(ctx: SearchContext, seq: int) -> str:
-    """``c<seq>``, unless another history of this run (a fork of the same thread on a server, where
-    branches share one store) already used it: then ``c<seq>b``, ``c<seq>c``, ... Attempts are
-    recorded under their cycle's id, so ids must not be shared between histories."""
-    cycle_id, suffix = f"c{seq}", ord("a")
-    while ctx.store.has_cycle(cycle_id):
-        suffix += 1
-        cycle_id = f"c{seq}{chr(suffix)}"
-    return cycle_id
-
-
 def launch_cycles(state: SearchState):
     """Conditional edge after select_plans: one Send per selected cycle, or finish."""
     if state.get("stop_reason") or not state.get("selected"):
@@ -155,6 +128,3 @@ def launch_cycles(state: SearchState):
     ]
 
 
-def fresh_cycle_state(cycle: dict) -> dict:
-    return {"cycle": cycle, "n_attempts": 0, "steps": 0, "last": None, "pending": None, "pending_samples": None,
-            "cycle_best": None, "stagnation": 0, "stop": None, "feedback": ""}

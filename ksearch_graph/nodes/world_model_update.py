@@ -7,61 +7,19 @@ in the store under a deterministic key, so a node re-run after a crash does not 
 
 from __future__ import annotations
 
-from typing import Callable
-
 from langgraph.runtime import Runtime
 
-from ..agents import Evidence, PlannerOutputError, Usage
 from ..context import SearchContext, search_context
-from ..events import (CycleOrphanedEvent, EditRejectedEvent, NewBestEvent, PlannerFailedEvent,
-                      WorldModelEvent)
+from ..events import PlannerFailedEvent, WorldModelEvent
 from ..state import CLEAR, SearchState
-from ..world_model import (
-    MAX_INIT_NODES,
-    ROOT,
-    Attachment,
-    EditRejected,
-    EditScript,
-    WorldModel,
-    apply_edits,
-    close_node,
-    ensure_continuation,
-    record_visit,
-)
+from ..world_model import MAX_INIT_NODES, ROOT, Attachment, EditRejected, EditScript, WorldModel, apply_edits
 from ._common import emit
 from .compile_and_bench import evaluate_once
+from .merge import best_entry, edit_with_retries, merge_cycle
 
 
 class PlannerFailed(RuntimeError):
     """The planner produced no acceptable initial world model; the run pauses and can be resumed."""
-
-
-def _edit_with_retries(
-    ctx: SearchContext,
-    key: str,
-    ask: Callable[[list[str]], tuple[EditScript, Usage]],
-    apply: Callable[[EditScript], WorldModel],
-) -> tuple[WorldModel | None, list[str]]:
-    errors: list[str] = []
-    for attempt in range(ctx.config.max_edit_retries + 1):
-        cache_key = f"{key}:{attempt}"
-        cached = ctx.store.get_generation(cache_key)
-        if cached is None:
-            try:
-                script, usage = ask(errors)
-                cached = {"script": script.model_dump(mode="json")}
-            except PlannerOutputError as e:
-                usage, cached = e.usage, {"errors": e.errors}
-            ctx.store.record_llm_call("planner", key.split(":")[0], usage.as_dict(), usage.seconds)
-            ctx.store.put_generation(cache_key, cached)
-        if "errors" in cached:
-            errors = cached["errors"]
-            continue
-        try:
-            return apply(EditScript.model_validate(cached["script"])), []
-        except EditRejected as e:
-            errors = e.errors
-    return None, errors
 
 
 def init_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
@@ -79,8 +37,8 @@ def init_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> dic
                 attempt_id="seed", source_hash=row["source_hash"], status="passed",
                 score=row["score"], latency_us=row["latency_us"],
             )
-            best = _best_entry(row, ROOT)
-    new_wm, errors = _edit_with_retries(
+            best = best_entry(row, ROOT)
+    new_wm, errors = edit_with_retries(
         ctx,
         "init",
         lambda errs: ctx.planner.initial(ctx.task, wm, errors=errs),
@@ -107,16 +65,6 @@ def _checked_init(wm: WorldModel, script: EditScript) -> WorldModel:
     if not new.frontier():
         raise EditRejected(["the initial world model has no open action; insert at least 3 under 'root'"])
     return new
-
-
-def _best_entry(row: dict, node_id: str) -> dict:
-    return {
-        "attempt_id": row["id"],
-        "score": row["score"],
-        "latency_us": row["latency_us"],
-        "node_id": node_id,
-        "source_hash": row["source_hash"],
-    }
 
 
 def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
@@ -148,62 +96,3 @@ def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> d
     }
 
 
-def merge_cycle(ctx: SearchContext, runtime: Runtime[SearchContext] | None, wm: WorldModel, best: dict | None,
-                result: dict, *, iterations: int) -> tuple[WorldModel, dict | None]:
-    """One finished cycle into the world model: visit, close on success, the planner's (cached) edit.
-    ``runtime`` None: quiet (no events, no snapshot), to get the planner's answer into the cache ahead."""
-    node_id, cycle_id = result["node_id"], result["cycle_id"]
-    say = (lambda event: emit(runtime, event)) if runtime is not None else (lambda event: None)
-    if node_id not in wm.nodes:  # pruned meanwhile by another cycle's update: keep the evidence only
-        say(CycleOrphanedEvent(cycle_id=cycle_id, node_id=node_id))
-        return wm, best
-    passed = result["best"] is not None
-    wm = record_visit(wm, node_id, failed=not passed)
-    evidence = _evidence(ctx, wm, result)
-    if passed:
-        b = result["best"]
-        wm = close_node(wm, node_id, Attachment(
-            attempt_id=b["id"], source_hash=b["source_hash"], status=b["status"],
-            score=b["score"], latency_us=b["latency_us"],
-        ))
-        if best is None or b["score"] > best["score"] * (1 + ctx.config.noise_margin):
-            best = _best_entry(b, node_id)
-            say(NewBestEvent(attempt_id=b["id"], score=b["score"], latency_us=b["latency_us"]))
-        ask = lambda errs, wm=wm, ev=evidence: ctx.planner.after_cycle(ctx.task, wm, ev, errors=errs)
-        reason = f"update after {cycle_id}"
-    else:
-        ask = lambda errs, wm=wm, ev=evidence: ctx.planner.too_hard(ctx.task, wm, ev, errors=errs)
-        reason = f"too-hard update after {cycle_id}"
-    new_wm, errors = _edit_with_retries(
-        ctx, f"update:{cycle_id}", ask, lambda s, wm=wm: apply_edits(wm, s, reflect_on=node_id)
-    )
-    if new_wm is None:
-        say(EditRejectedEvent(cycle_id=cycle_id, errors=errors))
-        new_wm = ensure_continuation(wm, node_id) if passed else wm
-    if runtime is not None:
-        ctx.store.snapshot_world_model(new_wm.to_state(), iteration=iterations, reason=reason)
-        say(WorldModelEvent(phase=reason, nodes=len(new_wm.nodes), frontier=len(new_wm.frontier())))
-    return new_wm, best
-
-
-def _evidence(ctx: SearchContext, wm: WorldModel, result: dict) -> Evidence:
-    node_id = result["node_id"]
-    base = wm.code_parent(node_id).attachment
-    attempts = ctx.store.cycle_attempts(result["cycle_id"])
-    failed = [a for a in attempts if a["status"] != "passed"]
-    last_log = ""
-    if failed:
-        row = ctx.store.get_attempt(failed[-1]["id"])
-        last_log = row["log_excerpt"] if row else ""
-    best = result["best"]
-    return Evidence(
-        node_id=node_id,
-        cycle_id=result["cycle_id"],
-        passed=best is not None,
-        attempts=attempts,
-        best=best,
-        best_files=ctx.store.get_source(best["source_hash"]) if best else None,
-        parent_score=base.score if base else None,
-        last_log=last_log,
-        stop=result["stop"],
-    )
