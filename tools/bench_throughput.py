@@ -2,7 +2,7 @@
 
     python tools/bench_throughput.py [--pool local|ray|both] [--workers 1,2,4,8] [-k 1,2,4,8,16]
         [--llm-s 30 --llm-jitter-s 10] [--eval-s 15 --eval-jitter-s 5] [--scale 0.05] [--iterations-per-lane 4]
-        [--samples 1] [--iterations N] [--evaluator standin|real] [--out results.json]
+        [--samples 1] [--extra W:KxS[:BUDGET],...] [--evaluator standin|real] [--out results.json]
 
 Everything is real except the LLM and (by default) the GPU: the graph, the checkpointer, the run store, the pool's
 leasing (local slots, or Ray tasks holding one logical GPU each on a local Ray with ``--workers`` GPUs), and the
