@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, run_cli
 
+pytestmark = pytest.mark.slow  # every test runs the ksearch command in subprocesses
+
 ITERATIONS = 5
 
 

@@ -10,6 +10,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 
 from ksearch_graph.compose import kernel_search_node, optimize_kernel
+import pytest
+
+pytestmark = pytest.mark.slow  # runs searches as subgraphs and tools
 
 
 class Parent(TypedDict, total=False):

@@ -20,6 +20,8 @@ from ksearch_graph.harness.client import SubprocessEvaluator
 from ksearch_graph.task import Task, load_task
 from ksearch_graph.template import default_params, render_template
 
+pytestmark = pytest.mark.slow  # every test runs whole evaluations
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "softmax"
 # The wall-clock limit of the hanging candidate's evaluation. It must cover the start-up (two processes importing
 # torch) while other evaluations start beside it on a 2-core CI machine: at 10 s it sometimes ran out during the

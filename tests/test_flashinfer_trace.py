@@ -292,6 +292,7 @@ def test_export_of_our_own_task_without_search(tmp_path, softmax_task):
     assert {t.workload.axes.get("rows") for t in traces} <= {w.params["rows"] for w in softmax_task.spec.workloads}
 
 
+@pytest.mark.slow
 def test_cli_run_on_a_definition_then_export_round_trip(tmp_path):
     """`ksearch run definition.json` through the real CLI with a scripted LLM, then `ksearch export --format
     flashinfer-trace`, read back with flashinfer-bench's models and TraceSet."""

@@ -23,6 +23,8 @@ from ksearch_graph.evaluation import EvalResult, Status
 from ksearch_graph.harness.client import SubprocessEvaluator
 from ksearch_graph.task import load_task
 
+pytestmark = pytest.mark.slow  # every test runs whole evaluations (judge and candidate processes)
+
 CHEATS = Path(__file__).resolve().parent / "cheats"
 # What each cheat must be caught by, as the log names it: audit.py's block or integrity.py's change.
 BLOCKED, CHANGED = "reached for the harness's own objects", "changed the harness's own objects"

@@ -19,6 +19,8 @@ from ksearch_graph.llm_agents import LLMCoder, LLMPlanner
 from ksearch_graph.search import drive, history, start, state_at, summary
 from ksearch_graph.world_model import WorldModel
 
+pytestmark = pytest.mark.slow  # every test runs the whole search graph with a real store and checkpointer
+
 SETTINGS = LLMSettings(model="scripted", backoff_s=0.01, max_retries=2)
 
 

@@ -13,6 +13,8 @@ from ksearch_graph.kernelbench import SEED_FILE, materialise_problem, rename_mod
 from ksearch_graph.task import TaskError, load_task
 from conftest import load_module
 
+pytestmark = pytest.mark.slow  # evaluations of KernelBench tasks
+
 PROBLEM = REPO / "tests" / "data" / "kernelbench" / "1_Linear_ReLU.py"
 
 

@@ -20,6 +20,8 @@ from ksearch_graph.llm_agents import LLMCoder, LLMPlanner, PromptBudget, estimat
 from ksearch_graph.local_llm import LocalModel, LocalServer, LocalServerError, ModelIntegrityError, ensure_model
 from ksearch_graph.world_model import WorldModel, apply_edits, parse_edit_script
 
+pytestmark = pytest.mark.slow  # downloads or runs the local model, or starts llama.cpp's server
+
 CHUNKS = [b"GGUF-fake-part-one|", b"part-two|", b"part-three"]
 
 

@@ -29,6 +29,7 @@ def _kernel(task, **params) -> dict[str, str]:
     return {"kernel.py": re.search(r"```python\n(.*)```", kernel_answer(task, **params), re.S).group(1)}
 
 
+@pytest.mark.slow
 def test_pool_overlaps_evaluations_and_never_a_slot_with_itself(softmax_task):
     pool = local_pool(lambda env: SubprocessEvaluator(timeout_s=120, time_budget_s=0.05, env=env), cpu_slots=2)
     assert [s.name for s in pool.slots] == ["cpu0", "cpu1"] and pool.model == "cpu"

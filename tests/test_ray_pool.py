@@ -19,6 +19,8 @@ import time
 import pytest
 from conftest import REPO, SOFTMAX, run_cli
 
+pytestmark = pytest.mark.slow  # starts a local Ray and runs searches on it
+
 ray = pytest.importorskip("ray")
 
 

@@ -23,6 +23,8 @@ from ksearch_graph.report import PLOT_FILE, load_facts, plot_figure, write_repor
 from ksearch_graph.run_dir import RunDir
 from ksearch_graph.search import summary
 
+pytestmark = pytest.mark.slow  # its fixture runs a search
+
 CHROMIUM = Path("/usr/bin/chromium")
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 

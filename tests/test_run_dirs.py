@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, insert, run_cli, script
 
+pytestmark = pytest.mark.slow  # real searches through the CLI, killed and resumed
+
 
 def _show(run_dir: Path) -> dict:
     return json.loads(run_cli("show", str(run_dir), "--json", check=True).stdout)

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SOFTMAX
 
+pytestmark = pytest.mark.slow  # starts langgraph dev
+
 sdk = pytest.importorskip("langgraph_sdk", reason="the dev extra installs langgraph-sdk")
 
 

@@ -23,6 +23,8 @@ from ksearch_graph.task import load_task
 from ksearch_graph.template import default_params, render_template
 from conftest import load_module, task_modules
 
+pytestmark = pytest.mark.slow  # evaluations of the paper's decode tasks
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ROOTS = {
     "gqa": EXAMPLES / "gqa_paged_decode_h32_kv4_d128_ps1",

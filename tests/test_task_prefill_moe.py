@@ -25,6 +25,8 @@ from ksearch_graph.task import load_task
 from ksearch_graph.template import default_params
 from conftest import task_modules
 
+pytestmark = pytest.mark.slow  # evaluations of the prefill and MoE tasks
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PREFILL = EXAMPLES / "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
 MOE = EXAMPLES / "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048"

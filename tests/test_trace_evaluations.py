@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.slow  # runs traced evaluations
 
 ROOT = Path(__file__).resolve().parents[1]
 SOFTMAX = ROOT / "examples" / "softmax"

@@ -17,6 +17,8 @@ from ksearch_graph.evaluation import Status
 from ksearch_graph.harness.client import SubprocessEvaluator
 from ksearch_graph.task import load_task
 
+pytestmark = pytest.mark.slow  # evaluations of TriMul candidates
+
 TRIMUL = Path(__file__).resolve().parents[1] / "examples" / "trimul"
 TOL = 2e-2
 
