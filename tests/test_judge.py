@@ -435,13 +435,14 @@ def test_a_search_on_a_gpu_host_starts_its_first_evaluations_processes_as_it_sta
 
     task = write_task(tmp_path / "task")
     monkeypatch.setattr(client, "gpu_driver_present", lambda: True)
-    ev = context.default_evaluator(SearchConfig(), task)
+    pool = context.default_evaluator(SearchConfig(), task)
+    ev = pool.slots[0].evaluator  # the search's evaluator is a pool; each slot's evaluator prestarts
     try:
         assert ev.prestart and len(ev._standby) == 1 and ev._standby[0].proc.poll() is None
         assert ev.wait_until_prestarted(timeout_s=120)
         assert "reference timed ahead: 2 workloads" in (ev._standby[0].root / "stderr.txt").read_text()
     finally:
-        ev.close()
+        pool.close()
     assert not ev._standby
 
 
