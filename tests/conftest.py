@@ -135,3 +135,9 @@ def run_cli(*args: str, timeout: float = 600, env: dict | None = None, check: bo
     if check and proc.returncode != 0:
         raise AssertionError(f"ksearch {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def show_json(run_dir) -> dict:
+    """``ksearch show DIR --json``, parsed."""
+    return json.loads(run_cli("show", str(run_dir), "--json", check=True).stdout)
+

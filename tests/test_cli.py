@@ -18,15 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, run_cli
+from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, run_cli, show_json
 
 pytestmark = pytest.mark.slow  # every test runs the ksearch command in subprocesses
 
 ITERATIONS = 5
-
-
-def _show(run_dir: Path) -> dict:
-    return json.loads(run_cli("show", str(run_dir), "--json", check=True).stdout)
 
 
 def _attempt_rows(run_dir: Path) -> list[tuple]:
@@ -46,7 +42,7 @@ def finished_run(tmp_path_factory) -> Path:
 
 
 def test_run_show_history(finished_run):
-    info = _show(finished_run)
+    info = show_json(finished_run)
     assert info["iterations_done"] == ITERATIONS and info["attempts"] == ITERATIONS
     assert info["status"] == "finished" and info["planner"] == "offline"
     assert info["best"]["attempt_id"] and info["best"]["score"] > 0
@@ -67,8 +63,8 @@ def test_resume_of_finished_run_says_so_and_can_extend(finished_run, tmp_path):
     subprocess.run(["cp", "-r", str(finished_run), str(copy)], check=True)
     proc = run_cli("resume", str(copy), "--iterations", str(ITERATIONS + 1), check=True)
     assert "budget raised" in proc.stdout
-    assert _show(copy)["iterations_done"] == ITERATIONS + 1
-    assert _show(finished_run)["iterations_done"] == ITERATIONS
+    assert show_json(copy)["iterations_done"] == ITERATIONS + 1
+    assert show_json(finished_run)["iterations_done"] == ITERATIONS
 
 
 def _digest(run_dir: Path) -> str:
@@ -96,7 +92,7 @@ def test_branch_with_edited_world_model_leaves_source_untouched(finished_run, tm
     assert f"{frontier_root[-1]}:" in proc.stdout  # the edited action was selected first
 
     assert _digest(finished_run) == before  # the source run and its history are untouched
-    info = _show(into)
+    info = show_json(into)
     assert info["branched_from"]["checkpoint"] == at["checkpoint"]
     assert info["iterations_done"] == ITERATIONS
     branch_rows = _attempt_rows(into)
@@ -130,7 +126,7 @@ def test_dead_endpoint_pauses_then_resume_with_server_back(tmp_path):
                    "--base-url", url, "--llm-retries", "2", "--llm-backoff", "0.01")
     assert proc.returncode == 75, proc.stderr
     assert "paused" in proc.stderr and "ksearch resume" in proc.stderr and "Traceback" not in proc.stderr
-    assert _show(run_dir)["status"] == "paused"
+    assert show_json(run_dir)["status"] == "paused"
     # The endpoint comes back elsewhere: resume points the run at it and the search finishes.
     from conftest import insert, kernel_answer, script
     from ksearch_graph.task import load_task
@@ -140,7 +136,7 @@ def test_dead_endpoint_pauses_then_resume_with_server_back(tmp_path):
                Reply.json(json.loads(script([insert("n1", "next")])))]
     with FakeOpenAIServer(replies) as server:
         proc = run_cli("resume", str(run_dir), "--base-url", server.base_url, check=True)
-    info = _show(run_dir)
+    info = show_json(run_dir)
     assert info["status"] == "finished" and info["iterations_done"] == 1
 
 
@@ -172,7 +168,7 @@ def test_kill9_at_random_moments_then_resume_matches_uninterrupted(finished_run,
     assert len(rows) == ITERATIONS == len(_attempt_rows(finished_run))
     assert [r[2] for r in rows] == list(range(1, ITERATIONS + 1))  # no gap, no repeat
     assert len({r[0] for r in rows}) == ITERATIONS
-    info = _show(run_dir)
+    info = show_json(run_dir)
     assert info["iterations_done"] == ITERATIONS and info["status"] == "finished"
 
 
@@ -197,7 +193,7 @@ def test_llm_search_through_the_real_openai_client(tmp_path, softmax_task):
         assert server.remaining == 0
         assert server.requests[0]["response_format"]["type"] == "json_schema"
         assert "tools" not in server.requests[2]  # the coder asks in plain text for fenced code
-    info = _show(run_dir)
+    info = show_json(run_dir)
     assert info["planner"] == "llm" and info["iterations_done"] == 2 and info["passed"] == 2
     roles = info["tokens"]["per_role"]
     assert roles["planner"]["calls"] == 2 and roles["planner"]["prompt_tokens"] == 22
@@ -227,9 +223,9 @@ def test_ctrl_c_stops_at_once_and_resume_finishes(tmp_path):
     assert "ksearch resume" in out
     time.sleep(0.5)
     assert _evaluation_children() == 0  # the evaluation child died with the search
-    assert _show(run_dir)["status"] == "interrupted"
+    assert show_json(run_dir)["status"] == "interrupted"
     run_cli("resume", str(run_dir), "--quiet", check=True)
-    info = _show(run_dir)
+    info = show_json(run_dir)
     assert info["status"] == "finished" and info["iterations_done"] == 2
 
 
@@ -237,10 +233,10 @@ def test_approve_plans_waits_and_resume_answers(tmp_path):
     run_dir = tmp_path / "approve"
     proc = run_cli("run", str(SOFTMAX), "--run-dir", str(run_dir), "--iterations", "1", "--approve-plans")
     assert proc.returncode == 76 and "waiting for approval" in proc.stdout and "[approval] next plan: n1" in proc.stdout
-    assert _show(run_dir)["status"] == "waiting" and _attempt_rows(run_dir) == []
+    assert show_json(run_dir)["status"] == "waiting" and _attempt_rows(run_dir) == []
     proc = run_cli("resume", str(run_dir), "--answer", "maybe")
     assert proc.returncode == 2 and "unknown answer" in proc.stderr
     run_cli("resume", str(run_dir), "--answer", "pick n2", check=True)
-    assert [r[0] for r in _attempt_rows(run_dir)] == ["c1.1"] and _show(run_dir)["status"] == "finished"
+    assert [r[0] for r in _attempt_rows(run_dir)] == ["c1.1"] and show_json(run_dir)["status"] == "finished"
     with sqlite3.connect(run_dir / "store.sqlite") as db:
         assert db.execute("select node_id from attempts where id = 'c1.1'").fetchone()[0] == "n2"

@@ -12,13 +12,9 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, insert, run_cli, script
+from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, insert, run_cli, script, show_json
 
 pytestmark = pytest.mark.slow  # real searches through the CLI, killed and resumed
-
-
-def _show(run_dir: Path) -> dict:
-    return json.loads(run_cli("show", str(run_dir), "--json", check=True).stdout)
 
 
 def _attempts(run_dir: Path) -> list[tuple]:
@@ -51,14 +47,14 @@ def test_bad_numbers_are_usage_errors_that_write_nothing(small_run, tmp_path):
         proc = run_cli("resume", str(small_run), *bad)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (bad, proc.stderr)
     assert "has 2 iterations done" in proc.stderr and "--more N" in proc.stderr
-    assert (small_run / "run.json").read_bytes() == manifest and _show(small_run)["iteration_budget"] == 2
+    assert (small_run / "run.json").read_bytes() == manifest and show_json(small_run)["iteration_budget"] == 2
     proc = run_cli("run", str(SOFTMAX), "--run-dir", str(tmp_path / "r"), "--iterations", "-1")
     assert proc.returncode == 2 and "greater than or equal to 1" in proc.stderr and not (tmp_path / "r").exists()
 
     copy = tmp_path / "more"
     shutil.copytree(small_run, copy)
     run_cli("resume", str(copy), "--more", "1", "--quiet", check=True)
-    info = _show(copy)
+    info = show_json(copy)
     assert info["iterations_done"] == 3 == info["iteration_budget"] and info["status"] == "finished"
 
 
@@ -86,7 +82,7 @@ def test_damaged_checkpoint_stops_readers_and_writers_then_recover_continues(sma
     run_cli("resume", str(run), "--more", "1", "--quiet", check=True)
     after = _attempts(run)
     assert after[:2] == before and len(after) == 3  # nothing lost, nothing evaluated again
-    assert _show(run)["status"] == "finished"
+    assert show_json(run)["status"] == "finished"
 
 
 def test_store_file_alone_holds_every_write_while_the_store_is_open(tmp_path):
@@ -115,7 +111,7 @@ def test_a_lost_store_stops_until_start_over(small_run, tmp_path):
     proc = run_cli("recover", str(run), "--start-over", check=True)
     assert "starts again" in proc.stdout and len(list(run.glob("damaged-*/checkpoints.sqlite"))) == 1
     run_cli("resume", str(run), "--quiet", check=True)
-    assert len(_attempts(run)) == 2 and _show(run)["status"] == "finished"
+    assert len(_attempts(run)) == 2 and show_json(run)["status"] == "finished"
 
 
 def test_branch_at_an_attempt_continues_from_its_code(small_run, tmp_path):
