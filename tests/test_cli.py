@@ -179,7 +179,7 @@ def test_llm_search_through_the_real_openai_client(tmp_path, softmax_task):
     init = json.loads(script([insert("root", f"idea {i}", value=0.9 - 0.1 * i) for i in range(3)], reflect=False))
     update = json.loads(script([insert("n1", "continue")]))
     replies = [
-        Reply.json(init),
+        Reply.hang(0.6, then=Reply.json(init)),  # the planner thinks: its time is recorded
         Reply.error(500, "overloaded"),  # retried with backoff
         Reply.content(kernel_answer(softmax_task, VARIANT="online", BLOCK_N=256)),
         Reply.content(kernel_answer(softmax_task, VARIANT="two_pass", BLOCK_N=512)),
@@ -198,6 +198,9 @@ def test_llm_search_through_the_real_openai_client(tmp_path, softmax_task):
     roles = info["tokens"]["per_role"]
     assert roles["planner"]["calls"] == 2 and roles["planner"]["prompt_tokens"] == 22
     assert roles["coder"]["calls"] == 2 and roles["coder"]["completion_tokens"] == 14
+    with sqlite3.connect(run_dir / "store.sqlite") as db:
+        planner_s = [s for (s,) in db.execute("select seconds from llm_calls where role = 'planner'")]
+    assert len(planner_s) == 2 and planner_s[0] >= 0.6  # counted toward --max-wall
     run_json = json.loads((run_dir / "run.json").read_text())
     assert "api_key" not in json.dumps(run_json).replace("api_key_env", "")  # no secret is ever written
 

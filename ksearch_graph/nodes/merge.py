@@ -5,6 +5,7 @@ Used by the update node (rounds of cycles) and by rolling lanes (``rolling.py``)
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from langgraph.runtime import Runtime
@@ -28,11 +29,14 @@ def edit_with_retries(
         cache_key = f"{key}:{attempt}"
         cached = ctx.store.get_generation(cache_key)
         if cached is None:
+            started = time.monotonic()
             try:
                 script, usage = ask(errors)
                 cached = {"script": script.model_dump(mode="json")}
             except PlannerOutputError as e:
                 usage, cached = e.usage, {"errors": e.errors}
+            # The planner's thinking time counts toward --max-wall, as the coder's does.
+            usage.seconds = time.monotonic() - started
             ctx.store.record_llm_call("planner", key.split(":")[0], usage.as_dict(), usage.seconds)
             ctx.store.put_generation(cache_key, cached)
         if "errors" in cached:
