@@ -38,7 +38,7 @@ def main() -> None:
     print(json.dumps({"base_url": server.listening_address}), flush=True)
     sys.stdin.read()
     # Exit at once: a graceful shutdown waits for the request in flight, which can take minutes on a
-    # CPU (measured: an orphaned server kept generating for 7 minutes), and the server keeps no state.
+    # CPU (docs/llm.md), and the server keeps no state.
     os._exit(0)
 
 

@@ -128,14 +128,14 @@ class SubprocessEvaluator:
         # Set in the judge's environment over ours, e.g. CUDA_VISIBLE_DEVICES from an evaluation pool's slot.
         self.env = dict(env or {})
         # The reference (and baseline) is timed once per session and GPU, then reused for this long: every candidate
-        # of a search is compared with the same reference figure, and an evaluation saves its timing (1.6 s for
-        # TriMul). 0 times it in every evaluation. Kept here, in the trusted parent, never in a file a candidate
-        # could write; the child reuses an entry only for the same task code, workload, GPU and torch.
+        # of a search is compared with the same reference figure, and an evaluation saves its timing (docs/timing.md,
+        # "Other costs measured"). 0 times it in every evaluation. Kept here, in the trusted parent, never in a file a
+        # candidate could write; the child reuses an entry only for the same task code, workload, GPU and torch.
         self.reuse_reference_timings_s = reuse_reference_timings_s
         self._timings: dict[tuple, dict] = {}  # (task root, visible GPUs) -> {"key", "workloads": {name: entry}}
         self._lock = threading.Lock()  # timings and standby: the graph may evaluate from several threads
         # Start the next evaluation's two processes as soon as one ends (and on start_ahead()), so their imports
-        # (torch, CUDA: 3-5 s on an H200 host) happen while the search waits for its LLM, not while it waits for a
+        # (torch, CUDA: seconds on a GPU host) happen while the search waits for its LLM, not while it waits for a
         # result. Each evaluation still gets fresh processes. Default: on GPU hosts (on a small CPU machine they
         # would compete for cores).
         self.prestart = gpu_driver_present() if prestart is None else prestart

@@ -28,10 +28,9 @@ class CudaRuntime:
         except OSError:
             self.lib = None
         # Spin while waiting for the device, set before the context exists: a host thread that yields can wake up
-        # tens of us late, and the escape check compares wake-ups (seen on the H200 with the default: an honest
-        # matmul read 39 us of escaped work in one of 15 workload evaluations).
+        # tens of us late, and the escape check compares wake-ups (docs/timing.md, "The launch cover and the flush").
         self.spin_wait = self.lib is not None and self.lib.cudaSetDeviceFlags(1) == 0  # cudaDeviceScheduleSpin
-        # The device's own setting (nonzero on an H200 here), read before any candidate code runs.
+        # The device's own persisting-L2 carve-out, read before any candidate code runs.
         self.default_persisting_l2 = self.persisting_l2_bytes() or 0
 
     def pci_bus_id(self) -> bytes | None:
@@ -69,7 +68,7 @@ class NvmlValue(ctypes.Union):
 
 class NvmlField(ctypes.Structure):
     """nvmlFieldValue_t (nvml.h): one value of nvmlDeviceGetFieldValues. Its timestamp is when the value was asked
-    for, not when the driver measured it (the instantaneous power's always read 0 ms old)."""
+    for, not when the driver measured it: a fresh reading is one that changed."""
     _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
                 ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int),
                 ("value", NvmlValue)]
@@ -84,12 +83,8 @@ class PowerGauge:
     """What NVML (the driver's libnvidia-ml, loaded by ctypes) says about the GPU's power limit: ``read()`` gives
     whether the clock is held now (the SM clock below clock_limited of its top clock, or a clock-event reason that
     says the power cap or a slowdown holds it: THROTTLED) and the instantaneous power; ``at_limit`` compares the
-    power with the enforced limit (POLICY.power_limited). ``Timer.heat`` decides which reading counts.
-
-    The power reading is what tells early: on an H200 (docs/timing.md) an 8192^3 bf16 matmul back to back read 792-872 W
-    of 700 while the clock was still at or near top; the cap then pulled the clock to 1500 MHz and the calls from
-    1.40-1.44 ms to 1.59-1.63 ms. A 3072^3 matmul read 640-664 W and kept its top clock; a 4096^3 read 700-759 W and
-    went to 1740-1875 MHz. The clock and its reasons lag: they still read the cap after the load had gone.
+    power with the enforced limit (POLICY.power_limited). ``Timer.heat`` decides which reading counts: the power
+    tells early, the clock and its reasons lag the load (docs/timing.md, "Which kernels are power-limited").
     """
 
     SM, POWER_INSTANT = 1, 186  # NVML_CLOCK_SM, NVML_FI_DEV_POWER_INSTANT (mW)
@@ -122,8 +117,8 @@ class PowerGauge:
 
     def power(self) -> float | None:
         """Instantaneous power in W; None where the driver has no such field or no enforced limit to compare it
-        with, or the query failed. NVML refreshes it about every 100 ms on an H200, and its timestamp is the
-        query's (NvmlField): a fresh reading is one that changed."""
+        with, or the query failed. NVML refreshes it about every 100 ms, and its timestamp is the query's
+        (NvmlField): a fresh reading is one that changed."""
         field = NvmlField(fieldId=self.POWER_INSTANT)
         if not self.limit_mw or self.field_values is None \
                 or self.field_values(self.handle, 1, ctypes.byref(field)) != 0:

@@ -15,12 +15,12 @@ from ._torch import load_torch
 
 class InterpreterHooks:
     """Ways Python runs a candidate's code between its call's return and the copy of its output with no call of the
-    candidate's in sight ("lazy results computed later", EVALUATION.md): a profile or trace function (also one set
-    from C), a sys.monitoring tool, a garbage-collector callback, a signal handler, torch function or dispatch modes,
-    dynamo's frame callback, a Python kernel registered for an aten operator (the copy's clone). No kernel needs
-    one, so ``disarm``, right after each of the candidate's calls and before its end event (what a hook does before
-    is timed), names what was added since the candidate was imported, and resets what it can; the judge fails the
-    candidate as suspicious. Bound here, before any candidate code is imported.
+    candidate's in sight (docs/harness.md, "Code that would run outside the timer"): a profile or trace function
+    (also one set from C), a sys.monitoring tool, a garbage-collector callback, a signal handler, torch function or
+    dispatch modes, dynamo's frame callback, a Python kernel registered for an aten operator (the copy's clone). No
+    kernel needs one, so ``disarm``, right after each of the candidate's calls and before its end event (what a hook
+    does before is timed), names what was added since the candidate was imported, and resets what it can; the judge
+    fails the candidate as suspicious. Bound here, before any candidate code is imported.
 
     A thread of the candidate's can install a hook after ``disarm`` (this thread releases the GIL while it waits for
     the device), so ``recheck`` looks again once the output is copied: a hook that was there then is found.
@@ -102,7 +102,7 @@ class InterpreterHooks:
 
 class LibraryPatches:
     """The functions of torch and Triton that the harness's own steps go through, as they were before the candidate
-    was imported ("monkey-patching the timer", EVALUATION.md). A candidate that replaced one runs its code where its
+    was imported (docs/harness.md, "Timing cheats"). A candidate that replaced one runs its code where its
     inputs already exist and no timer runs: torch.randn inside the task's ``make_inputs``, torch.cuda.Event.__new__
     or torch.cuda.current_stream (which Event.record looks up) before the start event, Triton's launcher before the
     launch cover; it could compute its output there (tests/cheats/patch_inputs.py, patch_stream.py). No kernel needs

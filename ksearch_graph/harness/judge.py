@@ -100,12 +100,10 @@ class Judge:
         if task["baseline"]:
             base = load_module("ksearch_baseline", os.path.join(args.task, task["baseline"]))
             self.baseline = getattr(base, task["entry_point"])
-        # The reference's timed calls take the same steps as the candidate's, its interpreter-hook check included:
-        # on CPU, where no device clock leaves that host time out, the calibration candidate (the reference's own
-        # call) read 0.28-0.38x on its 4096-element multiplies without it (the check: ~11 us of ~29), 0.53-0.76x
-        # with it (likely the rest: the candidate's process has just woken from the judge's seed round
-        # trip). On a GPU it runs under the launch cover. Made after the task's modules are imported: the check
-        # puts back what it saw then (gc callbacks, trace and profile functions) after every call.
+        # The reference's timed calls take the same steps as the candidate's, its interpreter-hook check included (on
+        # CPU no device clock leaves that host time out; docs/timing.md, "Other costs measured"). On a GPU it runs under
+        # the launch cover. Made after the task's modules are imported: the check puts back what it saw then (gc
+        # callbacks, trace and profile functions) after every call.
         self.timer.hooks = InterpreterHooks()
         self.phases = {"waiting_for_runner": 0.0, "reference_timing": 0.0, "waiting_for_compile": 0.0,
                        "reference": 0.0, "correctness": 0.0, "timing": 0.0, "checks": 0.0,
@@ -503,9 +501,9 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
 def time_reference_ahead(session: Session, args, job: JobWatch) -> dict:
     """A prestarted process given its task (``--time-reference-ahead``) times the reference (and baseline) while it
     waits for the job, holding the GPU's timing lock, before any candidate code exists: a search's first evaluation
-    then does not pay for it (3.8 s for TriMul on an H200), while the LLM writes the first candidate. Stops early when
-    the job comes; the evaluation times what is left. {} when the task cannot be read or its reference fails: the
-    evaluation meets and reports the same problem."""
+    then does not pay for it while the LLM writes the first candidate (docs/timing.md, "Other costs measured"). Stops
+    early when the job comes; the evaluation times what is left. {} when the task cannot be read or its reference
+    fails: the evaluation meets and reports the same problem."""
     t0 = time.perf_counter()
     progress(AHEAD)
     try:

@@ -1,11 +1,10 @@
 """The launch cover: one kernel, run just before every timed call, that writes the 256 MB flush buffer (flushing the
 L2) and then holds every SM of the GPU until a set time after it started.
 
-Why (measured on an H200, docs/timing.md): after the host has waited (on the judge's pipe, or slept) or made
-inputs on the CPU, launching the candidate's call takes it 130-230 us instead of ~40. The device idles between the
-timed call's start event and its kernels meanwhile, and that idle counted: a 32 us matmul read 96-190 us. Back-to-back
-use hides launches behind the previous call; this kernel does the same for a timed call. The host enqueues it, the
-start event, the call and the end event, and has ``hold_s`` to do so.
+Why: a host that has waited (on the judge's pipe, or slept) or made inputs on the CPU launches the call late, and the
+device's idle between the start event and the call's kernels would be timed (docs/timing.md, "The launch cover and the
+flush"). Back-to-back use hides launches behind the previous call; this kernel does the same for a timed call. The
+host enqueues it, the start event, the call and the end event, and has ``hold_s`` to do so.
 
 Why one kernel that fills every SM, and not a one-thread spin (``torch.cuda._sleep``): while a one-thread spin ran, a
 candidate's work on another stream could run beside it, before the start event (tests/cheats/overlap_cover.py). Here

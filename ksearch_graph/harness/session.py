@@ -111,8 +111,7 @@ class Session:
             torch.set_num_threads(1)
         # The judge's timer (the CUDA context, its flush buffer, NVML, the launch cover) and cuBLAS, made here as the
         # runner makes its own before it says "loaded": a process started ahead of its job has them off the
-        # evaluation's clock. On an H200 a TriMul evaluation whose judge had them ready took 8.9 s, 10.0-10.1 s
-        # otherwise (docs/timing.md).
+        # evaluation's clock (docs/timing.md, "Other costs measured").
         self.timer = Timer(self.device)
         if self.device == "cuda":
             warm = torch.ones(64, 64, device=self.device)

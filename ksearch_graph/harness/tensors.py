@@ -61,9 +61,8 @@ def checksum(t):
     words by +-2**31 and so can cancel in pairs (a negated tensor with as many negative values as positive ones), change
     the value sum. Order-blind, as any sum: swapped elements go unseen.
 
-    Two reads of the tensor and an int64 copy, against a float64 copy, nan_to_num, abs and two sums before: on an
-    H200 the word sum alone took 2.2 ms for TriMul's 1.6 GB outputs where the old sums took 6.7 ms, which a
-    power-limited workload paid again 11x over in fillers (docs/timing.md)."""
+    Two reads of the tensor and an int64 copy, cheaper than value sums over a float64 copy: a power-limited workload
+    pays this time again in fillers (docs/timing.md, "Other costs measured")."""
     torch = load_torch()
     t = t.detach().resolve_conj().resolve_neg()
     raw = t.contiguous().reshape(-1).view(torch.uint8)

@@ -84,8 +84,8 @@ def stamp(pid: int | None = None) -> tuple[float, float]:
 
 def call_spans_us(stamps: list[tuple[float, float]]) -> list[float]:
     """The judge's interval per call from its ``stamp``s, less the time either process waited to run in it: a loaded
-    host's scheduler, not the call (on CPU, where the calls are host work: 3-10 ms on about half the hand-overs of a
-    two-core host shared with other jobs)."""
+    host's scheduler, not the call (on CPU, where the calls are host work; docs/timing.md, "The judge's own
+    bound")."""
     return [(b - a - (wb - wa)) * 1e6 for (a, wa), (b, wb) in zip(stamps, stamps[1:])]
 
 

@@ -97,19 +97,12 @@ class Timer:
         (256 MB written) and then holds the GPU (see POLICY.cover_s).
 
         Tail: how long the device stayed busy after the call's end event, as this process sees it; probe: how long it
-        takes this process, right now, to see an idle device (the shorter of two probes just before the call). Tail
-        minus probe is work the call left on another stream. Both figures come from this process at this moment, so
-        host speed mostly cancels out; a tail measured elsewhere (the reference's, in the judge) differed by tens of
-        us between processes on the H200. Measured on the H200: 31 us of side-stream work behind a 1.3 us call read
-        31-32 us here. A probe taken after busy work of its own read it 15-30 us short (host wake-up after a wait
-        differs from this idle one), so the probe stays idle, and the host spins instead of yielding while it waits
-        (see CudaRuntime), which keeps wake-ups short. A single probe by a host that had just waited read ~11 us
-        long (docs/timing.md); the second of two is warmer.
+        takes this process, right now, to see an idle device (the shorter of two idle probes just before the call).
+        Tail minus probe is work the call left on another stream; both come from this process at this moment, so host
+        speed mostly cancels out (docs/timing.md, "What the judge checks").
         """
-        # A collection of a process that has imported torch takes up to ~1 ms. Within a timed call it fell between
-        # the launch cover and the call's launch (a 32 us matmul read 101-191 us, its host 570-730 us past the
-        # cover) or between the synchronize and the idle event (a tail the escape check charged: an honest 32 us
-        # matmul read 64 us in 2 of 3 evaluations on an H200; docs/timing.md). The collector runs between calls instead.
+        # The garbage collector is off through the call: a collection (up to ~1 ms once torch is imported) would be
+        # timed, or charged as escaped work (docs/timing.md, "The launch cover and the flush"). It runs between calls.
         with self.collector_off():
             return self._time(fn, args)
 
@@ -218,18 +211,15 @@ class Timer:
         gauge = self.gauge if self.gauge is not None and self.gauge.available else None
         windows, started = [], self.perf()
         seen = gauge is None  # without NVML: limited (the safe side), no reading to wait for
-        # A power reading counts from the second time it changed since the heat began. NVML refreshes it about every
-        # 100 ms (H200), and the first refresh can cover time before the heat (the idle or the previous workload):
-        # a 4096^3 bf16 matmul read 490 W at its first refresh, 717 W at its second (docs/timing.md). The clock and its
-        # reasons lag the load they react to (an H200 still read the power cap 50 ms into a light workload's heat
-        # after an 8192^3 matmul's timing), so they count only where the driver has no power reading.
+        # A power reading counts from its second change since the heat began: the first refresh can cover time before
+        # the heat. The clock and its reasons lag the load, so they count only where the driver has no power reading
+        # (docs/timing.md, "Which kernels are power-limited").
         changes, last = 0, gauge.read()[1] if gauge is not None else None
         self.heated, self.heat_trace, why = True, [], "no NVML" if gauge is None else None
         peak = 0.0  # the highest power reading that counts (W)
         while self.cuda and self.perf() - started < POLICY.heat_max_s:
             done, now = len(self.untimed_us), []
-            # NVML is read while calls still run: a GPU idle for a moment reads top clock again (an
-            # 8192^3 bf16 matmul at 1.39 ms against do_bench's 1.63 read as not limited after a synchronize).
+            # NVML is read while calls still run: a GPU idle for a moment reads top clock again.
             self.back_to_back(fn, args, POLICY.heat_window_s, while_busy=None if gauge is None else lambda: now.append(
                 gauge.read()))
             windows.append(sum(self.untimed_us[done:]) / max(1, len(self.untimed_us) - done))
@@ -269,17 +259,10 @@ class Timer:
     def reserve_small_blocks(self, held, count: int) -> None:
         """Before a burst of ``count`` calls, each holding what ``held`` (one call's inputs as kept) holds, right after
         its heat: make and free the small blocks the burst will hold (each call's inputs and output copy, and two
-        outputs), so no timed call's own allocation needs a new segment from the driver. The output's sizes are
-        those of the first call of the last untimed run (``back_to_back``: the heat's last window).
-
-        Why (H200; docs/timing.md): the burst holds every call's inputs and output copy for the judge's checks, so the
-        caching allocator ran out of cached small blocks about once a burst, and the candidate's output allocation
-        inside that timed call was a cudaMalloc, which waits for the launch cover: a 32 us matmul read 297-365 us.
-        Requests of 1-10 MB share 20 MB segments and could run out the same way; they are not reserved (the slow
-        calls seen were small-pool ones, and this is what ran on the GPU); from 10 MB a request gets a segment of
-        its own, cached from the workload's warm-up and earlier bursts. The output's sizes come from the heat, not
-        from a call of its own: one more call between the heat and the burst made TriMul's fillers grow from 3.1 to
-        5.2 s (every time, cause not found)."""
+        outputs), so no timed call's own allocation is a cudaMalloc, which waits for the launch cover. The output's
+        sizes are those of the first call of the last untimed run (``back_to_back``: the heat's last window), not of
+        a call of its own. Only small-pool blocks (up to 1 MB) are reserved (docs/timing.md, "The launch cover and
+        the flush")."""
         if not self.cuda:
             return
         sizes = small_block_sizes(leaves(held)) + self.output_small_sizes

@@ -27,11 +27,8 @@ def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None, hel
     its input generation, the launch cover (with the L2 flush), a device-wide synchronize and an output copy in
     between, as FlashInfer-Bench (a synchronize and a copy of the inputs between calls) and GPU MODE (fresh inputs
     between calls) time. The inputs of a call do not exist before the previous call has finished: a candidate that
-    found them earlier could work ahead on them (tests/cheats/work_ahead.py).
-
-    Why the fillers: without them the calls filled 61% of the time for an 8192^3 bf16 matmul on an H200 (input
-    generation and checks the rest), which kept it below the power limit: it read 1.39-1.43 ms against 1.56-1.61 ms
-    in ``triton.testing.do_bench`` and in a loop of itself (docs/timing.md).
+    found them earlier could work ahead on them (tests/cheats/work_ahead.py). The fillers keep a power-limited
+    workload's GPU as loaded as back-to-back use would (docs/timing.md, "Fillers between timed calls").
     """
     if filler is not None:
         timer.reserve_small_blocks(filler[1] if held is None else held, count)
@@ -58,18 +55,13 @@ def precise_enough(times: list[float], started_s: float, budget_s: float, now_s:
     """The adaptive stopping rule shared by reference and candidate timing; ``limited``: the workload is
     power-limited (POLICY.target_rse_limited); ``sizes``: the calls of each burst so far, in order (default: one burst);
     ``next_burst_s``: what one more burst would take, its heat included; ``first_heat_s``: the heat before the
-    first burst, which runs until the calls stop slowing (0.02-0.5 s).
+    first burst.
 
-    A power-limited workload's calls share their burst's clock state: its burst means scatter more than its calls
-    say (a 4096^3 bf16 matmul on the H200: 1.3% per call within a burst, 1.5% between the means of 10-call bursts
-    0.26 s apart; docs/timing.md), so one burst's error is not the mean's, and evaluations that stopped after one burst
-    read 2.5-2.9% apart. Such a workload gets POLICY.limited_min_bursts bursts where they all fit in the budget (a cheap
-    burst: three of that matmul's cost 0.8 s), the first heat left out of that sum so that it does not decide how
-    many follow (the budget itself counts it: counted from the heat's end, TriMul's largest workloads, whose calls
-    vary 1.9% with their inputs, took a second 1.1 s burst; docs/timing.md). From two bursts on, its error is the larger
-    of the calls' standard error and the burst means' (two means can agree by chance). Where three do not fit
-    (TriMul's bursts take 0.5-1.3 s each; their means agreed within 0.1-0.3%), one burst whose calls are precise
-    enough ends its timing."""
+    Stops at POLICY.max_runs calls, or from ``min_runs`` on once the mean's relative standard error is below its
+    target or the budget is spent. A power-limited workload's burst means scatter more than its calls say, so it gets
+    POLICY.limited_min_bursts bursts where they all fit in the budget (the first heat left out of that sum), and from
+    two bursts on its error is the larger of the calls' and the burst means' standard error; where they do not fit,
+    one precise burst ends its timing (docs/timing.md, "The stopping rule")."""
     n = len(times)
     if n >= POLICY.max_runs:
         return True
@@ -97,20 +89,14 @@ def _standard_error(values: list[float]) -> float:
 
 class SideStreamRule:
     """Work a candidate leaves running on another stream finishes after its call's end event, so the device time
-    misses it; its process measures each call's tail (how long the device stayed busy after the end event) and a
-    probe (how long it takes to see an idle device), and tail minus probe is that work (timer.Timer.time).
+    misses it; its process measures each call's tail and idle probe (timer.Timer.time): tail minus probe is that work.
 
     Decided per burst, on the mean of tail minus probe over its calls (each at least 0), the largest left out: a
-    burst whose figure exceeds max(escape_slack_us, 20% of its median call) left work running. The mean bounds the
-    work a burst can hide however it is spread over its calls (a median let a candidate hide all of it in 4 calls of
-    10); leaving the largest out keeps one honest call's long wake-up (a collection, a preempted host thread: 40-144
-    us; docs/timing.md) from deciding. The first MAX_DROPPED_BURSTS such bursts of a workload are dropped and timed again
-    on fresh inputs, as the host's wake-ups can read long for a whole burst (an honest 77 us matmul, the first
-    workload of a fresh process pair on the H200: 17 us median, its calls read 107 us; docs/timing.md); a dropped burst's
-    times are not kept, so hiding work in one only lets a candidate have a burst timed again (a re-roll, worth at most
-    the scatter between bursts: 1-3% on the H200). The next such burst charges every call of the workload its whole
-    tail, the probe not taken off: the doubt is then on its side (a probe can read long: stream_switch's 32 us of
-    side-stream work was charged 21 us; docs/timing.md)."""
+    burst whose figure exceeds max(escape_slack_us, 20% of its median call) left work running. The mean bounds what a
+    burst can hide however it is spread over its calls; leaving the largest out keeps one honest call's long wake-up
+    from deciding. The first MAX_DROPPED_BURSTS such bursts of a workload are dropped (their times not kept: a re-roll,
+    worth at most the scatter between bursts) and timed again on fresh inputs; the next charges every call of the
+    workload its whole tail, the probe not taken off (docs/timing.md, "What the judge checks")."""
 
     MAX_DROPPED_BURSTS = 2
 
@@ -176,19 +162,15 @@ class Bursts:
 def burst_size(done: int, call_bytes: int, call_s: float, limited: bool, min_runs: int, budget_s: float,
            memory_bytes: int) -> int:
     """How many calls the next burst makes: POLICY.min_runs first, then twice as many as so far (fewer heats), within
-    half the timing budget, the burst memory (inputs and output copies) and POLICY.max_runs kept calls in all (``done``:
-    the calls kept so far; a burst the SideStreamRule dropped does not count; ``memory_bytes``: the burst memory,
-    ``burst_memory_bytes``). Where the memory holds fewer than
-    POLICY.min_runs calls, POLICY.min_runs are split into equal bursts (5 + 5 for a memory of 9 calls, not 9 + 9: the second
-    burst would have made the calls up to POLICY.min_runs and as many again).
+    half the timing budget, the burst memory (inputs and output copies) and POLICY.max_runs kept calls in all
+    (``done``: the calls kept so far; a burst the SideStreamRule dropped does not count; ``memory_bytes``: the burst
+    memory, ``burst_memory_bytes``). Where the memory holds fewer than POLICY.min_runs calls, POLICY.min_runs are split
+    into equal bursts (5 + 5 for a memory of 9 calls, not 9 + 9: the second burst would have made the calls up to
+    POLICY.min_runs and as many again).
 
-    A power-limited workload's bursts all make POLICY.min_runs calls, each after at least 0.2 s of heat
-    (Timer.heat): its calls speed up through a burst, the fillers keeping the GPU a little below the load that
-    holds it at its cap, so a longer burst reads faster, and the mean depended on how many bursts the stopping
-    rule asked for (H200: a 4096^3 bf16 matmul read 185.8, 182.5 and 181.4 us in evaluations of 10,
-    30 and 90 calls; its bursts in one evaluation 186.4, 183.1 and 180.0 us for 10, 20 and 60 calls). The first
-    burst still differs a little: it follows the workload's first heat, which runs until the calls stop slowing
-    (an 8192^3 matmul's first read 2-4% faster than its later ones)."""
+    A power-limited workload's bursts all make POLICY.min_runs calls: its calls speed up through a burst, so a longer
+    burst would read faster and its mean would depend on how many bursts the stopping rule asked for (docs/timing.md,
+    "The stopping rule")."""
     fits = max(1, memory_bytes // max(1, call_bytes))
     even = math.ceil(min_runs / math.ceil(min_runs / fits))  # POLICY.min_runs in the fewest bursts that fit
     size = even if done < min_runs or limited else max(min_runs, min(2 * done, int(
