@@ -388,9 +388,13 @@ def test_a_cache_gains_nothing(evaluations, honest, name):
 def test_an_interpreter_hook_is_suspicious(evaluations, name):
     """Hooks through which Python would run the candidate's code after its call returned, before the harness copied
     the output (a lazy result, computed untimed): a garbage-collector callback, a profile function, a sys.monitoring
-    tool or a trace function, a signal handler, a torch function mode. No kernel needs one."""
+    tool or a trace function, a signal handler, a torch function mode. No kernel needs one. Profile and trace
+    functions and monitoring callbacks are blocked when set (harness/audit.py: they also run inside the harness's
+    frames); the others are found after the call."""
     r = evaluations[name]
-    assert r.status == Status.suspicious and "the candidate installed" in r.log_excerpt, show(r)
+    found = ("reached for the harness's own objects" if name in ("profile_hook", "event_hook")
+             else "the candidate installed")
+    assert r.status == Status.suspicious and found in r.log_excerpt, show(r)
 
 
 @pytest.mark.parametrize("name", ["tensor_subclass", "lazy_list", "patch_clone", "gc_reenable", "c_profile"])

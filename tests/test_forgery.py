@@ -3,7 +3,8 @@
 Each tests/cheats/forge_*.py candidate (but forge_result and forge_later, which forge the result file: test_cheats.py)
 computes the right answer honestly and attacks the timer that measures it: found through the garbage collector, by
 walking frames, tracebacks or threads' frames, through the runner's module, or by walking the object graph; changed by
-rebinding, by swapping code, by editing closure cells, through ctypes, by a thread that patches and restores, by a
+rebinding, by swapping code, by editing closure cells, through ctypes, by a trace or profile function that rewrites
+the timer's frame's locals, by a thread that patches and restores, by a
 clock that restores itself, or by rewriting the message that carries the timings. Every one must be judged
 ``suspicious`` (harness/audit.py blocks the search, harness/integrity.py sees the change, harness/time_bound.py's
 clock contradicts what an attacker that blinded both reports), on CPU here and on a GPU
@@ -32,6 +33,7 @@ BOUND = "the judge's clock"  # harness/time_bound.py: what an attacker that blin
 FORGERIES = {
     "forge_gc_class": BLOCKED, "forge_gc_scan": BLOCKED, "forge_thread_frames": BLOCKED,
     "forge_getframe_depth": BLOCKED, "forge_code": BLOCKED, "forge_ctypes": BLOCKED, "forge_object_walk": BLOCKED,
+    "forge_trace_locals": BLOCKED, "forge_profile_locals": BLOCKED,
     "forge_frames": CHANGED, "forge_traceback": CHANGED, "forge_runner_class": CHANGED, "forge_cell": CHANGED,
     "forge_patch_restore": CHANGED, "forge_self_restoring": CHANGED,
     "forge_message": CHANGED, "forge_blind_guard": BOUND,

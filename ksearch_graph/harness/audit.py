@@ -11,6 +11,9 @@ holds no reference to raise audit events in CPython 3.8-3.12, and an audit hook 
 - the harness's code changed in place or cloned: ``__code__``, ``__defaults__`` or ``__kwdefaults__`` set on a harness
   function (or a harness code object put into another), code or a function made from harness code, source compiled
   under a harness file's name (which would pass for harness frames here);
+- code run inside the harness's frames: ``sys.settrace``, ``sys.setprofile`` (also for all threads, and through
+  ``threading``), ``sys.monitoring.register_callback``; a trace function's changes to ``f_locals`` are written back
+  into the frame, so one set on the timer's frame through ``f_back`` could rewrite the call's clock reads;
 - memory written through ctypes: the Python C API (``ctypes.pythonapi``: ``PyFrame_LocalsToFast``, ``Py_IncRef``,
   ...), ``from_address`` (a writable view). ``string_at`` only reads (any object's address is its ``id`` anyway): a
   kernel that crashes through it (tests/cheats/segfault.py) is a crash, not a forgery.
@@ -34,6 +37,10 @@ SEARCHES = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", 
 FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 CODE_ATTRIBUTES = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 MEMORY = frozenset({"ctypes.cdata"})
+# A trace or profile function runs inside the harness's frames and CPython writes its f_locals back into them (and a
+# monitoring callback is called from them): the clock reads of the call under way could be rewritten.
+FRAME_HOOKS = frozenset({"sys.settrace", "sys.setprofile", "sys._settraceallthreads", "sys._setprofileallthreads",
+                         "sys.monitoring.register_callback"})
 MAX_FOUND = 20  # what is kept for the flag; the first ones say enough
 
 
@@ -95,6 +102,8 @@ def install(harness_files: list[str], candidate_root: str) -> Audit:
         """What the event would reach, or None."""
         if event in SEARCHES:
             return event
+        if event in FRAME_HOOKS:
+            return f"the harness's frames through a trace, profile or monitoring function ({event})"
         if event == "sys._getframe":
             return "a frame of the harness (sys._getframe)" if args and harness_frame(args[0]) else None
         if event == "object.__getattr__":
@@ -120,7 +129,7 @@ def install(harness_files: list[str], candidate_root: str) -> Audit:
             return f"raw memory through ctypes ({event})"
         return None
 
-    watched = SEARCHES | MEMORY | {"sys._getframe", "object.__getattr__", "object.__setattr__", "code.__new__",
+    watched = SEARCHES | MEMORY | FRAME_HOOKS | {"sys._getframe", "object.__getattr__", "object.__setattr__", "code.__new__",
                                    "compile", "function.__new__", "exec", "ctypes.dlsym"}
 
     def hook(event: str, args: tuple) -> None:
