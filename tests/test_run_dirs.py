@@ -131,6 +131,28 @@ def test_branch_at_an_attempt_continues_from_its_code(small_run, tmp_path):
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
 
 
+def test_branch_at_a_sample_continues_from_that_samples_code(tmp_path):
+    run = tmp_path / "samples"
+    run_cli("run", str(SOFTMAX), "--run-dir", str(run), "--iterations", "4", "--samples", "2",
+            "--stagnation-window", "3", "--quiet", check=True)
+    source = _attempts(run)
+    assert [a[0] for a in source] == ["c1.1.1", "c1.1.2", "c1.2.1", "c1.2.2"]
+    into = tmp_path / "at-c1.1.2"
+    proc = run_cli("branch", str(run), "--at-attempt", "c1.1.2", "--into", str(into), check=True)
+    assert "at attempt c1.1.2" in proc.stdout
+    assert _attempts(into) == source[:2]  # step 1 (both samples) is the branch's past; step 2 is not
+    run_cli("resume", str(into), "--quiet", check=True)
+    step2 = _attempts(into)[2:]
+    assert [a[0] for a in step2] == ["c1.2.1", "c1.2.2"]
+    assert all(a[2] == "improve" and a[3] == "c1.1.2" for a in step2), step2  # built on that sample's code
+    assert _attempts(run) == source
+    for bad, words in (("c1.1", "has no attempt 'c1.1'"), ("c1", "'c1' is not an attempt id"),
+                       ("c1.1.x", "'c1.1.x' is not an attempt id")):
+        proc = run_cli("branch", str(run), "--at-attempt", bad, "--into", str(tmp_path / bad))
+        assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert "c3.4.1 (cycle c3, step 4, sample 1 of 2)" in proc.stderr and not (tmp_path / bad).exists()
+
+
 def test_long_llm_call_heartbeat_and_failed_attempt_headline(tmp_path):
     init = json.loads(script([insert("root", f"idea {i}") for i in range(3)], reflect=False))
     replies = [Reply.hang(3.5, then=Reply.json(init)),  # a slow planner call
