@@ -301,6 +301,7 @@ def summary(run: RunDir) -> dict:
             ],
             "world_model_nodes": 0 if wm is None else len(wm.nodes),
             "branched_from": run.branched_from,
+            "gpu_models": store.get_meta("gpu_models") or [],  # [{"model", "from_iteration"}], see gpu_record.py
         }
     finally:
         store.close()
