@@ -78,8 +78,9 @@ class Campaign:
         tmp.write_text(json.dumps(data, indent=2))
         tmp.replace(self.path / CAMPAIGN_FILE)
 
-    def run(self, evaluator, *, quiet: bool = False, table_every_s: float = 10.0) -> int:
-        """Drive every unfinished search at once on ``evaluator``; returns how many failed."""
+    def run(self, evaluator, *, quiet: bool = False, table_every_s: float = 10.0, allow_gpu_change: bool = False) -> int:
+        """Drive every unfinished search at once on ``evaluator``; returns how many failed. A search measured on
+        another GPU model than the pool's stops the campaign before any starts, unless ``allow_gpu_change``."""
         from .context import make_context
         from .search import drive, has_started, is_finished
 
@@ -88,7 +89,7 @@ class Campaign:
             run = RunDir.open(self.path / rel)
             if is_finished(run):
                 continue
-            ctx = make_context(run, evaluator=evaluator)
+            ctx = make_context(run, evaluator=evaluator, allow_gpu_change=allow_gpu_change)
             contexts[name] = ctx
 
             def work(run=run, ctx=ctx, name=name):

@@ -77,6 +77,12 @@ def _add_pool_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-model", help="Ray: run on GPUs of this accelerator type only (needed on a mixed cluster)")
 
 
+def _add_gpu_change_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-gpu-change", action="store_true",
+                   help="continue a run on a pool of another GPU model than its scores were measured on (recorded; "
+                        "scores before and after the change do not compare)")
+
+
 def cmd_history(args) -> int:
     from .search import dumps, history
 
@@ -214,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live table")
     _add_search_options(p)
     _add_pool_options(p)
+    _add_gpu_change_option(p)
     p.set_defaults(func=cmd_campaign)
 
     p = sub.add_parser("resume", help="continue a run after a crash, kill or Ctrl-C (or a finished one with more budget)")
@@ -227,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answer", help="answer a pending plan approval: approve | stop | 'pick ID' | 'edit JSON'")
     p.add_argument("--quiet", action="store_true")
     _add_pool_options(p)
+    _add_gpu_change_option(p)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("history", help="list a run's checkpoints (branch points)")
@@ -239,8 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     at = p.add_mutually_exclusive_group(required=True)
     at.add_argument("--at", help="checkpoint id (see ksearch history)")
     at.add_argument("--at-attempt", metavar="ATTEMPT",
-                    help="attempt id (e.g. c3.4, see ksearch report): its cycle ends there, with that attempt's code, "
-                         "and the world model as it was then gets the update")
+                    help="attempt id (e.g. c3.4, or c3.4.1 with --samples; see ksearch report): its cycle ends "
+                         "there, with that attempt's code, and the world model as it was then gets the update")
     p.add_argument("--world-model", help="JSON file with an edited world model (from ksearch show --world-model)")
     p.add_argument("--into", required=True, help="the new run directory")
     p.set_defaults(func=cmd_branch)

@@ -124,10 +124,9 @@ def _local_endpoint(run: RunDir):
                 settings.base_url, settings.context_tokens = None, None
 
 
-def _drive(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, pool=None) -> int:
+def _drive(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, evaluator=None) -> int:
     from .local_llm import LocalModelError
 
-    evaluator = _make_evaluator(run, pool) if pool is not None else None
     try:
         with _local_endpoint(run):
             return _drive_search(run, fresh=fresh, quiet=quiet, answer=answer, evaluator=evaluator)
@@ -306,7 +305,7 @@ def cmd_run(args) -> int:
         args.run_dir = run_dir  # for an error message about it
         run = RunDir.create(run_dir, task_folder, config, writer=True)
     print(f"run directory: {run.path}")
-    return _drive(run, fresh=True, quiet=args.quiet, pool=_pool_options(args))
+    return _drive(run, fresh=True, quiet=args.quiet, evaluator=_make_evaluator(run, _pool_options(args)))
 
 
 def cmd_resume(args) -> int:
@@ -321,15 +320,39 @@ def cmd_resume(args) -> int:
         raise RunDirError(f"{run.path} is not waiting for an answer")
     moved = _move_endpoint(run, args.base_url, args.model)
     target = _iteration_target(run, args.iterations, args.more)
+    evaluator = None
+    if target is not None or not is_finished(run):
+        evaluator = _checked_pool(run, args)  # a pool of another GPU model stops here, before anything is written
     if moved:
         run.save()
     if target is not None:
         if extend(run, target):
             print(f"budget raised to {target} iterations; the finished run continues")
     if is_finished(run):
+        getattr(evaluator, "close", lambda: None)()
         print(f"{run.path}: the run is finished (continue it with --more N, N more iterations)")
         return 0
-    return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer, pool=_pool_options(args))
+    return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer, evaluator=evaluator)
+
+
+def _checked_pool(run: RunDir, args):
+    """The pool a resumed run will use, refused (GpuModelChanged) if its GPU model is not the one the run's scores
+    were measured on, unless --allow-gpu-change (docs/scale-out.md, "GPU models")."""
+    from .gpu_record import check_gpu_model
+
+    evaluator = _make_evaluator(run, _pool_options(args))
+    store = run.store()
+    try:
+        note = check_gpu_model(store, getattr(evaluator, "model", None), run_path=run.path,
+                               allow_change=args.allow_gpu_change)
+    except RunDirError:
+        getattr(evaluator, "close", lambda: None)()
+        raise
+    finally:
+        store.close()
+    if note:
+        print(note)
+    return evaluator
 
 
 def _move_endpoint(run: RunDir, base_url: str | None, model: str | None) -> bool:
@@ -374,7 +397,7 @@ def cmd_campaign(args) -> int:
     first = RunDir.open(Path(args.runs_dir) / next(iter(campaign.runs.values())))
     evaluator = _make_evaluator(first, _pool_options(args))  # one pool for every search of the campaign
     print(f"campaign {args.runs_dir}: {', '.join(campaign.runs)}")
-    failed = campaign.run(evaluator, quiet=args.quiet)
+    failed = campaign.run(evaluator, quiet=args.quiet, allow_gpu_change=args.allow_gpu_change)
     print(campaign.table())
     print(f"report: {campaign.write_report()}")
     return EXIT_PAUSED if failed else 0

@@ -17,7 +17,7 @@ from typing import Any
 from .agents import Coder, Planner
 from .config import SearchConfig
 from .evaluation import Evaluator
-from .run_dir import RUN_FILE, RunDir
+from .run_dir import RUN_FILE, RunDir, RunDirError
 from .store import RunStore
 from .task import Task
 
@@ -71,18 +71,31 @@ def default_evaluator(config: SearchConfig, task: Task) -> Evaluator:
     return make_pool(PoolOptions(), config, task)
 
 
-def make_context(run: RunDir, *, evaluator: Evaluator | None = None,
-                 planner: Planner | None = None, coder: Coder | None = None) -> SearchContext:
-    """Everything the nodes need, rebuilt from the run directory (never checkpointed)."""
+def make_context(run: RunDir, *, evaluator: Evaluator | None = None, planner: Planner | None = None,
+                 coder: Coder | None = None, allow_gpu_change: bool = False) -> SearchContext:
+    """Everything the nodes need, rebuilt from the run directory (never checkpointed). Refuses (GpuModelChanged) an
+    evaluator of another GPU model than the run's scores were measured on, unless ``allow_gpu_change``."""
+    from .gpu_record import check_gpu_model
+
     if planner is None or coder is None:
         default_planner, default_coder = make_agents(run.config)
         planner, coder = planner or default_planner, coder or default_coder
     task = run.task()
+    store = run.store()
+    own_evaluator = evaluator is None
+    evaluator = evaluator or default_evaluator(run.config, task)
+    try:
+        check_gpu_model(store, getattr(evaluator, "model", None), run_path=run.path, allow_change=allow_gpu_change)
+    except RunDirError:
+        store.close()
+        if own_evaluator:
+            getattr(evaluator, "close", lambda: None)()
+        raise
     return SearchContext(
         task=task,
         config=run.config,
-        store=run.store(),
-        evaluator=evaluator or default_evaluator(run.config, task),
+        store=store,
+        evaluator=evaluator,
         planner=planner,
         coder=coder,
         run_dir=run.path,
@@ -96,6 +109,7 @@ class ServerRunContext:
     task: str  # task folder, as seen by the server process
     run_dir: str  # created on the first run of a thread, reused by later runs (resume, fork)
     options: dict[str, Any] = field(default_factory=dict)  # SearchConfig fields, for a new run directory
+    allow_gpu_change: bool = False  # resume a run on another GPU model than its scores were measured on
 
 
 _server_contexts: dict[str, SearchContext] = {}
@@ -114,7 +128,11 @@ def context_for(ctx: ServerRunContext | dict) -> SearchContext:
                 run = RunDir.open(key, writer=True)
             else:
                 run = RunDir.create(key, ctx.task, SearchConfig.model_validate(ctx.options), writer=True)
-            _server_contexts[key] = make_context(run)
+            try:
+                _server_contexts[key] = make_context(run, allow_gpu_change=ctx.allow_gpu_change)
+            except RunDirError:
+                run.lock and run.lock.release()  # refused (another GPU model): the directory is not served
+                raise
         return _server_contexts[key]
 
 

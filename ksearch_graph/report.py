@@ -248,9 +248,19 @@ def header_rows(facts: RunFacts) -> list[tuple[str, str]]:
         ("search time", f"{facts.active_s:.1f} s (code generation + evaluation)"),
         ("total tokens", f"{info['tokens']['total_tokens']} (cost ${info['tokens']['cost_usd']:.4f})"),
     ]
+    if info["gpu_models"]:
+        rows.append(("GPU model", gpu_models_text(info["gpu_models"])))
     if info["branched_from"]:
         rows.append(("branched from", f"{info['branched_from']['run']} at {info['branched_from']['checkpoint']}"))
     return rows
+
+
+def gpu_models_text(models: list[dict]) -> str:
+    """``cpu``, or for a run resumed with --allow-gpu-change: each model from the iteration it began at."""
+    if len(models) == 1:
+        return models[0]["model"]
+    parts = "; ".join(f"{m['model']} from iteration {m['from_iteration']}" for m in models)
+    return f"{parts} (changed with --allow-gpu-change: scores measured on different models do not compare)"
 
 
 def node_facts(node: Node) -> list[str]:

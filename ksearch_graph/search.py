@@ -6,6 +6,7 @@ The CLI is a thin shell over these functions; tests and other programs can call 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -190,23 +191,33 @@ def branch_at_attempt(src_dir: str | Path, attempt_id: str, into: str | Path) ->
 
     The world model is the one that cycle was launched on; the cycle's later attempts (and its update) are not
     part of the branch, nor are cycles that ran side by side with it (their nodes stay open). The next attempt
-    improves on ``attempt_id``'s code; the cycle then goes on as any other.
+    improves on ``attempt_id``'s code; the cycle then goes on as any other. A sample's id (``c3.4.2``, with
+    ``--samples``) ends the cycle after step 4, that sample standing as the step's result.
     """
     src = RunDir.open(src_dir)
     store = src.store()
     try:
         row = store.get_attempt(attempt_id)
+        cycle_ids = [a["id"] for a in store.cycle_attempts(row["cycle_id"])] if row else []
     finally:
         store.close()
-    if row is None:
-        raise RunDirError(f"{src.path} has no attempt {attempt_id!r} (attempt ids look like c3.4; see `ksearch report`)")
-    if row["prompt_kind"] == "seed":
+    example = "c3.4 (cycle c3, attempt 4)" if src.config.samples == 1 else \
+        f"c3.4.1 (cycle c3, step 4, sample 1 of {src.config.samples})"
+    if row is not None and row["prompt_kind"] == "seed":
         raise RunDirError("the seed is no cycle's attempt; branch from the checkpoint after initialisation with --at "
                           f"(see `ksearch history {src.path}`)")
+    if attempt_step(attempt_id) is None:
+        raise RunDirError(f"{attempt_id!r} is not an attempt id; this run's attempt ids look like {example} "
+                          f"(see `ksearch report {src.path}`)")
+    if row is None:
+        raise RunDirError(f"{src.path} has no attempt {attempt_id!r}; this run's attempt ids look like {example} "
+                          f"(see `ksearch report {src.path}`)")
     if row["status"] != "passed":
         raise RunDirError(f"{attempt_id} did not pass ({row['status']}); a branch continues from an attempt's code, "
                           "so pick a passing one (or branch at a checkpoint with --at)")
-    cycle_id, number = row["cycle_id"], int(attempt_id.rsplit(".", 1)[1])
+    # With --samples the step's other samples stay in the past too; this sample stands as the step's result.
+    cycle_id, step = row["cycle_id"], attempt_step(attempt_id)
+    done = sum(1 for aid in cycle_ids if (attempt_step(aid) or 0) <= step)
     graph = build_search_graph(src.checkpointer())
     launch = next((snap for snap in graph.get_state_history(src.graph_config())
                    if (snap.values or {}).get("last_node") == "select_plans"
@@ -216,9 +227,9 @@ def branch_at_attempt(src_dir: str | Path, attempt_id: str, into: str | Path) ->
     values = dict(launch.values)
     cycle = dict(next(c for c in values["selected"] if c["id"] == cycle_id))
     summary_row = attempt_summary(row)
-    cycle["allowance"] = max(cycle["allowance"], number + 1)
+    cycle["allowance"] = max(cycle["allowance"], done + 1)
     cycle["resume"] = {  # the cycle's state right after this attempt (launch_cycles starts the cycle from it)
-        "n_attempts": number, "steps": number, "last": summary_row, "cycle_best": summary_row, "stagnation": 0,
+        "n_attempts": done, "steps": step, "last": summary_row, "cycle_best": summary_row, "stagnation": 0,
         "feedback": f"Attempt {attempt_id} passed: score {row['score']:.4g}x vs the reference. "
                     "Improve on its code.",
     }
@@ -226,12 +237,22 @@ def branch_at_attempt(src_dir: str | Path, attempt_id: str, into: str | Path) ->
     new = _new_branch(src, into, {"attempt": attempt_id, "checkpoint": launch.config["configurable"]["checkpoint_id"]})
     store = new.store()
     store.keep_only_cycles(set(values.get("merged_cycles", [])) | {cycle_id})
-    store.end_cycle_at(cycle_id, number)
+    store.end_cycle_at(cycle_id, step)
     store.set_meta("status", "branched")
     store.log_event("branched", source=str(src.path), attempt=attempt_id)
     store.close()
     build_search_graph(new.checkpointer()).update_state(new.graph_config(), values, as_node="select_plans")
     return new
+
+
+def attempt_step(attempt_id: str) -> int | None:
+    """The step of a cycle's attempt id: c3.4 -> 4, and with --samples c3.4.2 (sample 2 of step 4) -> 4;
+    None for anything else."""
+    match = _ATTEMPT_ID.fullmatch(attempt_id)
+    return int(match.group(1)) if match else None
+
+
+_ATTEMPT_ID = re.compile(r"c\d+[a-z]*\.(\d+)(?:\.\d+)?")
 
 
 def _new_branch(src: RunDir, into: str | Path, where: dict) -> RunDir:
@@ -280,6 +301,7 @@ def summary(run: RunDir) -> dict:
             ],
             "world_model_nodes": 0 if wm is None else len(wm.nodes),
             "branched_from": run.branched_from,
+            "gpu_models": store.get_meta("gpu_models") or [],  # [{"model", "from_iteration"}], see gpu_record.py
         }
     finally:
         store.close()

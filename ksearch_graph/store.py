@@ -336,11 +336,11 @@ class RunStore:
         return len(doomed)
 
     @_writes
-    def end_cycle_at(self, cycle_id: str, attempts: int) -> None:
-        """Forget what a cycle did after its first ``attempts`` attempts, and its world-model update (on the copy
-        of a branch at an attempt); then number the attempts 1, 2, ... again."""
+    def end_cycle_at(self, cycle_id: str, steps: int) -> None:
+        """Forget what a cycle did after its first ``steps`` steps (c3.4, or the samples c3.4.1 ... are step 4), and
+        its world-model update (on the copy of a branch at an attempt); then number the attempts 1, 2, ... again."""
         def later(attempt_id: str) -> bool:
-            return attempt_id.startswith(cycle_id + ".") and int(attempt_id.split(".")[1].split(":")[0]) > attempts
+            return attempt_id.startswith(cycle_id + ".") and int(attempt_id.split(".")[1].split(":")[0]) > steps
 
         for (attempt_id,) in self.db.execute("select id from attempts where cycle_id = ?", [cycle_id]).fetchall():
             if later(attempt_id):

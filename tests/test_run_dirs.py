@@ -131,6 +131,96 @@ def test_branch_at_an_attempt_continues_from_its_code(small_run, tmp_path):
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
 
 
+def test_branch_at_a_sample_continues_from_that_samples_code(tmp_path):
+    run = tmp_path / "samples"
+    run_cli("run", str(SOFTMAX), "--run-dir", str(run), "--iterations", "4", "--samples", "2",
+            "--stagnation-window", "3", "--quiet", check=True)
+    source = _attempts(run)
+    assert [a[0] for a in source] == ["c1.1.1", "c1.1.2", "c1.2.1", "c1.2.2"]
+    into = tmp_path / "at-c1.1.2"
+    proc = run_cli("branch", str(run), "--at-attempt", "c1.1.2", "--into", str(into), check=True)
+    assert "at attempt c1.1.2" in proc.stdout
+    assert _attempts(into) == source[:2]  # step 1 (both samples) is the branch's past; step 2 is not
+    run_cli("resume", str(into), "--quiet", check=True)
+    step2 = _attempts(into)[2:]
+    assert [a[0] for a in step2] == ["c1.2.1", "c1.2.2"]
+    assert all(a[2] == "improve" and a[3] == "c1.1.2" for a in step2), step2  # built on that sample's code
+    assert _attempts(run) == source
+    for bad, words in (("c1.1", "has no attempt 'c1.1'"), ("c1", "'c1' is not an attempt id"),
+                       ("c1.1.x", "'c1.1.x' is not an attempt id")):
+        proc = run_cli("branch", str(run), "--at-attempt", bad, "--into", str(tmp_path / bad))
+        assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert "c3.4.1 (cycle c3, step 4, sample 1 of 2)" in proc.stderr and not (tmp_path / bad).exists()
+
+
+def _files(run_dir: Path) -> dict:
+    return {name: (run_dir / name).read_bytes() for name in ("run.json", "store.sqlite", "checkpoints.sqlite")}
+
+
+def _begun_on_h100(run: Path, copy: Path) -> Path:
+    """A copy of ``run`` as if it had begun on an H100 host and been copied to this machine (CPU slots)."""
+    shutil.copytree(run, copy)
+    with closing(sqlite3.connect(copy / "store.sqlite")) as db, db:
+        db.execute("update meta set value = ? where key = 'gpu_models'",
+                   [json.dumps([{"model": "NVIDIA H100 80GB HBM3", "from_iteration": 0}])])
+    return copy
+
+
+def test_resume_on_another_gpu_model_stops_unless_allowed(small_run, tmp_path):
+    assert show_json(small_run)["gpu_models"] == [{"model": "cpu", "from_iteration": 0}]  # recorded at the start
+    run = _begun_on_h100(small_run, tmp_path / "h100")
+    before = _files(run)
+    proc = run_cli("resume", str(run), "--more", "1")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"ksearch: {run} was evaluated on NVIDIA H100 80GB HBM3" in proc.stderr
+            and "the evaluation pool here is CPU slots (no GPU)" in proc.stderr
+            and "--allow-gpu-change" in proc.stderr), proc.stderr
+    assert _files(run) == before  # stopped before anything was written
+
+    branch = tmp_path / "h100-branch"  # a branch carries the record: running it is checked the same way
+    run_cli("branch", str(run), "--at-attempt", "c1.1", "--into", str(branch), check=True)
+    proc = run_cli("resume", str(branch))
+    assert proc.returncode == 2 and "evaluated on NVIDIA H100 80GB HBM3" in proc.stderr, proc.stderr
+
+    proc = run_cli("resume", str(run), "--more", "1", "--quiet", "--allow-gpu-change", check=True)
+    assert ("note: the GPU model changes from NVIDIA H100 80GB HBM3 to CPU slots (no GPU) after iteration 2"
+            in proc.stdout), proc.stdout
+    info = show_json(run)
+    assert info["iterations_done"] == 3 and info["gpu_models"] == [
+        {"model": "NVIDIA H100 80GB HBM3", "from_iteration": 0}, {"model": "cpu", "from_iteration": 3, "allowed": True}]
+    with closing(sqlite3.connect(run / "store.sqlite")) as db:
+        (event,) = db.execute("select data from events where kind = 'gpu_changed'").fetchall()
+    assert json.loads(event[0]) == {"previous": "NVIDIA H100 80GB HBM3", "model": "cpu", "iterations_done": 2}
+    run_cli("report", str(run), check=True)
+    assert ("NVIDIA H100 80GB HBM3 from iteration 0; cpu from iteration 3 (changed with --allow-gpu-change"
+            in (run / "report" / "report.md").read_text())
+    run_cli("resume", str(run), "--more", "1", "--quiet", check=True)  # from now on the run is on CPU slots
+    assert show_json(run)["iterations_done"] == 4
+
+
+def test_a_server_run_on_another_gpu_model_is_refused_unless_allowed(small_run, tmp_path):
+    from ksearch_graph.context import _server_contexts, context_for
+    from ksearch_graph.gpu_record import GpuModelChanged
+
+    run = _begun_on_h100(small_run, tmp_path / "h100")
+    context = {"task": str(SOFTMAX), "run_dir": str(run)}
+    with pytest.raises(GpuModelChanged, match="evaluated on NVIDIA H100 80GB HBM3"):
+        context_for(context)
+    ctx = context_for({**context, "allow_gpu_change": True})  # the refusal left the directory unlocked
+    try:
+        assert [m["model"] for m in ctx.store.get_meta("gpu_models")] == ["NVIDIA H100 80GB HBM3", "cpu"]
+    finally:
+        _server_contexts.pop(str(run.resolve())).store.close()
+
+
+def test_gpu_model_names_from_the_local_pool_and_ray_compare():
+    from ksearch_graph.gpu_record import same_model
+
+    assert same_model("NVIDIA H100 80GB HBM3", "H100") and same_model("cpu", "cpu")
+    assert not same_model("NVIDIA H100 80GB HBM3", "NVIDIA H200") and not same_model("cpu", "NVIDIA H200")
+    assert not same_model("NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3")
+
+
 def test_long_llm_call_heartbeat_and_failed_attempt_headline(tmp_path):
     init = json.loads(script([insert("root", f"idea {i}") for i in range(3)], reflect=False))
     replies = [Reply.hang(3.5, then=Reply.json(init)),  # a slow planner call

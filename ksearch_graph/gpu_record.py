@@ -1,0 +1,81 @@
+"""The GPU model a run's scores are measured on, and the check that a resumed run keeps to it.
+
+A score is a speed-up measured on one GPU model; scores from two models do not compare, so one search keeps to one.
+The run records its pool's model in store.sqlite (meta ``gpu_models``: every model it was evaluated on, in order,
+with the iteration it began at). It lives in the store, not in run.json: run.json holds the search's settings, and
+the pool belongs to the machine; the store holds what was measured, and a branch or ``ksearch recover`` keeps it.
+
+The model is recorded when a search context is made, before the first evaluation; while the run has evaluated
+nothing it is only provisional (the next pool replaces it). Afterwards a pool of another model stops the search
+before anything is written (``GpuModelChanged``, a usage error) unless the change is allowed: then it is logged
+(event ``gpu_changed``) and appended to ``gpu_models``, and the report says where the scores stop comparing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .run_dir import RunDirError
+from .store import RunStore
+
+_VENDOR_WORDS = {"nvidia", "amd"}
+
+
+class GpuModelChanged(RunDirError):
+    pass
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two names are one GPU model. The local pool says ``NVIDIA H100 80GB HBM3`` and Ray ``H100``: the
+    names' words (vendor left out) must be the same, or those of one among the other's."""
+    words_a, words_b = (set(re.findall(r"[a-z0-9]+", n.lower())) - _VENDOR_WORDS for n in (a, b))
+    return bool(words_a and words_b) and (words_a <= words_b or words_b <= words_a)
+
+
+def describe(model: str) -> str:
+    return "CPU slots (no GPU)" if model == "cpu" else model
+
+
+def recorded_model(store: RunStore) -> str | None:
+    """The model the run's scores were measured on: the last one recorded, else (a run from before the record)
+    the model its latest evaluation names."""
+    models = store.get_meta("gpu_models") or []
+    if models:
+        return models[-1]["model"]
+    for row in reversed(store.attempts()):
+        model = json.loads(row["result"] or "{}").get("environment", {}).get("gpu_model")
+        if model:
+            return model
+    return None
+
+
+def check_gpu_model(store: RunStore, model: str | None, *, run_path, allow_change: bool = False) -> str | None:
+    """Record ``model`` (the pool's) for the run, or refuse it: GpuModelChanged when the run has scores measured
+    on another model and ``allow_change`` is False. Returns a note to show when an allowed change was recorded.
+    An evaluator that names no model (tests' stand-ins) is not checked."""
+    if model is None:
+        return None
+    recorded = recorded_model(store)
+    evaluated = len(store.attempts())
+    if recorded is None or evaluated == 0:
+        if store.get_meta("gpu_models") != [{"model": model, "from_iteration": 0}]:
+            store.set_meta("gpu_models", [{"model": model, "from_iteration": 0}])
+        return None
+    if same_model(recorded, model):
+        if not store.get_meta("gpu_models"):  # a run from before the record: record what its results say
+            store.set_meta("gpu_models", [{"model": recorded, "from_iteration": 0}])
+        return None
+    done = store.count_attempts()
+    if not allow_change:
+        raise GpuModelChanged(
+            f"{run_path} was evaluated on {describe(recorded)} ({evaluated} evaluations; its scores are speed-ups "
+            f"measured there), but the evaluation pool here is {describe(model)}. Scores from two GPU models cannot "
+            f"be compared within one search, so nothing was changed. Resume it where the pool is {describe(recorded)} "
+            "(choose GPUs with --gpus, or --gpu-model on Ray), or pass --allow-gpu-change to continue on "
+            f"{describe(model)}: the change is recorded and the report says where the scores stop comparing.")
+    models = store.get_meta("gpu_models") or [{"model": recorded, "from_iteration": 0}]
+    store.set_meta("gpu_models", models + [{"model": model, "from_iteration": done + 1, "allowed": True}])
+    store.log_event("gpu_changed", previous=recorded, model=model, iterations_done=done)
+    return (f"note: the GPU model changes from {describe(recorded)} to {describe(model)} after iteration {done} "
+            "(--allow-gpu-change): scores before and after do not compare")
