@@ -38,6 +38,8 @@ FORGERIES = {
     "forge_patch_restore": CHANGED, "forge_self_restoring": CHANGED,
     "forge_message": CHANGED, "forge_blind_guard": BOUND,
 }
+# Forgeries that only a GPU timer meets (on CPU they are honest): the judge's clock must catch them there.
+GPU_FORGERIES = {"forge_rerecord_event": BOUND}
 GPU_PARAMS = {"square": {"m": 2048, "k": 2048, "n": 2048}, "skinny": {"m": 16, "k": 4096, "n": 2048}}
 
 
@@ -68,7 +70,7 @@ def results(tmp_path_factory) -> dict[str, EvalResult]:
     task = load_task(folder)
     workdir = tempfile.mkdtemp(prefix="kf-")  # short: AF_UNIX socket paths live under it
     ev = SubprocessEvaluator(timeout_s=300 if on_gpu else 180, time_budget_s=0.5 if on_gpu else 0.2, workdir=workdir)
-    names = ["honest", *FORGERIES]
+    names = ["honest", *FORGERIES, *(GPU_FORGERIES if on_gpu else {})]
 
     def run(name: str) -> EvalResult:
         return ev.evaluate(task, {"kernel.py": (CHEATS / f"{name}.py").read_text()}, attempt_id=f"forgery-{name}")
@@ -93,7 +95,7 @@ def test_forging_the_timer_is_suspicious(results, name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(FORGERIES))
+@pytest.mark.parametrize("name", sorted(FORGERIES | GPU_FORGERIES))
 def test_forging_the_timer_is_suspicious_on_a_gpu(results, name):
     """The same cheats where the timer reads CUDA events: on the GPU host, ``pytest -m gpu tests/test_forgery.py``."""
     assert _cuda(), "needs a CUDA GPU"
