@@ -293,6 +293,7 @@ def main() -> None:
         print(f"Ray dispatch ({w} GPUs): {ms} ms per no-op task; the scaled evaluation is "
               f"{1000 * args.eval_s * args.scale:.0f} ms")
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(rows, indent=2))
 
 

@@ -127,6 +127,8 @@ def main() -> int:
     p.add_argument("--skip-tests", action="store_true")
     p.add_argument("--skip-trimul", action="store_true")
     args = p.parse_args()
+    out = Path(args.out) / "forgery_check.json"
+    out.parent.mkdir(parents=True, exist_ok=True)  # now: a missing folder must not lose the results at the end
     report: dict = {}
     if not args.skip_tests:
         report["tests_rc"] = run_tests()
@@ -141,7 +143,6 @@ def main() -> int:
         report["honest"].append(evaluate("trimul seed", ROOT / "examples" / "trimul",
                                          {"submission.py": trimul.seed_source}, workloads="all"))
     report["costs"] = guard_costs()
-    out = Path(args.out) / "forgery_check.json"
     out.write_text(json.dumps(report, indent=2))
     print(f"\nwrote {out}")
     return int(bool(report.get("tests_rc")) or any(h["status"] != "passed" for h in report["honest"]))

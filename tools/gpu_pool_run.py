@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--out", default=f"runs/gpu-pool-{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for spec in args.configs.split(","):
         k, samples = (int(x) for x in spec.split("x"))

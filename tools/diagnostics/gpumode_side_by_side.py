@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=1800)
     p.add_argument("--json", type=Path, help="also write every figure here")
     args = p.parse_args(argv)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
     problem = (args.reference_kernels / args.problem).resolve()
     missing = [s for s in args.submissions if not s.is_file()]
     if not (problem / "task.yml").is_file() or missing:
