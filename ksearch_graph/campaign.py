@@ -82,15 +82,24 @@ class Campaign:
         """Drive every unfinished search at once on ``evaluator``; returns how many failed. A search measured on
         another GPU model than the pool's stops the campaign before any starts, unless ``allow_gpu_change``."""
         from .context import make_context
+        from .gpu_record import check_gpu_model
         from .search import drive, has_started, is_finished
 
+        todo = {name: RunDir.open(self.path / rel) for name, rel in self.runs.items()}
+        todo = {name: run for name, run in todo.items() if not is_finished(run)}
+        for run in todo.values():  # every search checked before any context is made or anything recorded
+            store = run.store()
+            try:
+                check_gpu_model(store, getattr(evaluator, "model", None), run_path=run.path,
+                                allow_change=allow_gpu_change, record=False)
+            finally:
+                store.close()
         contexts, threads, failures = {}, [], {}
-        for name, rel in self.runs.items():
-            run = RunDir.open(self.path / rel)
-            if is_finished(run):
-                continue
+        for name, run in todo.items():
             ctx = make_context(run, evaluator=evaluator, allow_gpu_change=allow_gpu_change)
             contexts[name] = ctx
+            if ctx.gpu_note:
+                print(ctx.gpu_note)
 
             def work(run=run, ctx=ctx, name=name):
                 try:

@@ -124,12 +124,14 @@ def _local_endpoint(run: RunDir):
                 settings.base_url, settings.context_tokens = None, None
 
 
-def _drive(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, evaluator=None) -> int:
+def _drive(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, evaluator=None,
+           allow_gpu_change: bool = False) -> int:
     from .local_llm import LocalModelError
 
     try:
         with _local_endpoint(run):
-            return _drive_search(run, fresh=fresh, quiet=quiet, answer=answer, evaluator=evaluator)
+            return _drive_search(run, fresh=fresh, quiet=quiet, answer=answer, evaluator=evaluator,
+                                 allow_gpu_change=allow_gpu_change)
     except LocalModelError as e:
         print(f"\nksearch: the local model is not available:\n  {e}\nFix it, then: ksearch resume {run.path}",
               file=sys.stderr)
@@ -205,14 +207,17 @@ def _show_question(q: dict) -> None:
         print("  other open actions: " + "; ".join(others))
 
 
-def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, evaluator=None) -> int:
+def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, evaluator=None,
+                  allow_gpu_change: bool = False) -> int:
     from .context import make_context
     from .llm import EndpointUnavailable, LLMConfigError
     from .nodes.world_model_update import PlannerFailed
     from .progress import ProgressPrinter, show_llm_heartbeats
     from .search import drive, pending_question
 
-    ctx = make_context(run, evaluator=evaluator)
+    ctx = make_context(run, evaluator=evaluator, allow_gpu_change=allow_gpu_change)
+    if ctx.gpu_note:
+        print(ctx.gpu_note)
     print(OFFLINE_NOTICE if run.config.planner == "offline" else
           f"planner: {run.config.planner_llm.model}  coder: {run.config.coder_llm.model}"
           + (f"  endpoint: {run.config.planner_llm.base_url}" if run.config.planner_llm.base_url else ""))
@@ -332,26 +337,26 @@ def cmd_resume(args) -> int:
         getattr(evaluator, "close", lambda: None)()
         print(f"{run.path}: the run is finished (continue it with --more N, N more iterations)")
         return 0
-    return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer, evaluator=evaluator)
+    return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer, evaluator=evaluator,
+                  allow_gpu_change=args.allow_gpu_change)
 
 
 def _checked_pool(run: RunDir, args):
     """The pool a resumed run will use, refused (GpuModelChanged) if its GPU model is not the one the run's scores
-    were measured on, unless --allow-gpu-change (docs/scale-out.md, "GPU models")."""
+    were measured on, unless --allow-gpu-change (docs/scale-out.md, "GPU models"). Only a check: an allowed change
+    is recorded when the search runs (make_context), not by a resume that finds nothing to do."""
     from .gpu_record import check_gpu_model
 
     evaluator = _make_evaluator(run, _pool_options(args))
     store = run.store()
     try:
-        note = check_gpu_model(store, getattr(evaluator, "model", None), run_path=run.path,
-                               allow_change=args.allow_gpu_change)
-    except RunDirError:
+        check_gpu_model(store, getattr(evaluator, "model", None), run_path=run.path,
+                        allow_change=args.allow_gpu_change, record=False)
+    except BaseException:
         getattr(evaluator, "close", lambda: None)()
         raise
     finally:
         store.close()
-    if note:
-        print(note)
     return evaluator
 
 
@@ -397,7 +402,10 @@ def cmd_campaign(args) -> int:
     first = RunDir.open(Path(args.runs_dir) / next(iter(campaign.runs.values())))
     evaluator = _make_evaluator(first, _pool_options(args))  # one pool for every search of the campaign
     print(f"campaign {args.runs_dir}: {', '.join(campaign.runs)}")
-    failed = campaign.run(evaluator, quiet=args.quiet, allow_gpu_change=args.allow_gpu_change)
+    try:
+        failed = campaign.run(evaluator, quiet=args.quiet, allow_gpu_change=args.allow_gpu_change)
+    finally:
+        getattr(evaluator, "close", lambda: None)()
     print(campaign.table())
     print(f"report: {campaign.write_report()}")
     return EXIT_PAUSED if failed else 0

@@ -9,6 +9,7 @@ This is the one place a search context is built; the CLI, the server and the nod
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 from .agents import Coder, Planner
 from .config import SearchConfig
 from .evaluation import Evaluator
-from .run_dir import RUN_FILE, RunDir, RunDirError
+from .run_dir import RUN_FILE, RunDir
 from .store import RunStore
 from .task import Task
 
@@ -31,6 +32,7 @@ class SearchContext:
     planner: Planner
     coder: Coder
     run_dir: Path
+    gpu_note: str | None = None  # an allowed change of GPU model (gpu_record.py), for the caller to show
 
     def budget_stop_reason(self, iterations_done: int) -> str | None:
         """Why the search must stop now, or None. Token, cost and time caps are global to the run."""
@@ -81,12 +83,18 @@ def make_context(run: RunDir, *, evaluator: Evaluator | None = None, planner: Pl
         default_planner, default_coder = make_agents(run.config)
         planner, coder = planner or default_planner, coder or default_coder
     task = run.task()
-    store = run.store()
     own_evaluator = evaluator is None
     evaluator = evaluator or default_evaluator(run.config, task)
     try:
-        check_gpu_model(store, getattr(evaluator, "model", None), run_path=run.path, allow_change=allow_gpu_change)
-    except RunDirError:
+        store = run.store()
+    except BaseException:
+        if own_evaluator:
+            getattr(evaluator, "close", lambda: None)()
+        raise
+    try:
+        note = check_gpu_model(store, getattr(evaluator, "model", None), run_path=run.path,
+                               allow_change=allow_gpu_change)
+    except BaseException:
         store.close()
         if own_evaluator:
             getattr(evaluator, "close", lambda: None)()
@@ -99,6 +107,7 @@ def make_context(run: RunDir, *, evaluator: Evaluator | None = None, planner: Pl
         planner=planner,
         coder=coder,
         run_dir=run.path,
+        gpu_note=note,
     )
 
 
@@ -130,9 +139,11 @@ def context_for(ctx: ServerRunContext | dict) -> SearchContext:
                 run = RunDir.create(key, ctx.task, SearchConfig.model_validate(ctx.options), writer=True)
             try:
                 _server_contexts[key] = make_context(run, allow_gpu_change=ctx.allow_gpu_change)
-            except RunDirError:
-                run.lock and run.lock.release()  # refused (another GPU model): the directory is not served
+            except BaseException:
+                run.lock and run.lock.release()  # refused (another GPU model) or broken: the directory is not served
                 raise
+            if _server_contexts[key].gpu_note:
+                logging.getLogger(__name__).warning(_server_contexts[key].gpu_note)
         return _server_contexts[key]
 
 

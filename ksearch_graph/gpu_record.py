@@ -50,32 +50,46 @@ def recorded_model(store: RunStore) -> str | None:
     return None
 
 
-def check_gpu_model(store: RunStore, model: str | None, *, run_path, allow_change: bool = False) -> str | None:
+def check_gpu_model(store: RunStore, model: str | None, *, run_path, allow_change: bool = False,
+                    record: bool = True) -> str | None:
     """Record ``model`` (the pool's) for the run, or refuse it: GpuModelChanged when the run has scores measured
     on another model and ``allow_change`` is False. Returns a note to show when an allowed change was recorded.
-    An evaluator that names no model (tests' stand-ins) is not checked."""
+    ``record=False`` only refuses (a check before it is known that anything will run). An evaluator that names no
+    model (tests' stand-ins) is not checked."""
     if model is None:
         return None
     recorded = recorded_model(store)
     evaluated = len(store.attempts())
     if recorded is None or evaluated == 0:
-        if store.get_meta("gpu_models") != [{"model": model, "from_iteration": 0}]:
+        if record and store.get_meta("gpu_models") != [{"model": model, "from_iteration": 0}]:
             store.set_meta("gpu_models", [{"model": model, "from_iteration": 0}])
         return None
     if same_model(recorded, model):
-        if not store.get_meta("gpu_models"):  # a run from before the record: record what its results say
+        if record and not store.get_meta("gpu_models"):  # a run from before the record: what its results say
             store.set_meta("gpu_models", [{"model": recorded, "from_iteration": 0}])
         return None
     done = store.count_attempts()
     if not allow_change:
+        where = ("where the pool is CPU slots (a machine without a GPU, or CUDA_VISIBLE_DEVICES= to hide them)" if recorded == "cpu" else
+                 f"where the pool is {recorded} (choose GPUs with --gpus, or --gpu-model on Ray)")
         raise GpuModelChanged(
             f"{run_path} was evaluated on {describe(recorded)} ({evaluated} evaluations; its scores are speed-ups "
             f"measured there), but the evaluation pool here is {describe(model)}. Scores from two GPU models cannot "
-            f"be compared within one search, so nothing was changed. Resume it where the pool is {describe(recorded)} "
-            "(choose GPUs with --gpus, or --gpu-model on Ray), or pass --allow-gpu-change to continue on "
-            f"{describe(model)}: the change is recorded and the report says where the scores stop comparing.")
+            f"be compared within one search, so nothing was changed. Resume it {where}, or pass --allow-gpu-change "
+            f"to continue on {describe(model)}: the change is recorded and the report says where the scores stop "
+            "comparing.")
+    if not record:
+        return None
     models = store.get_meta("gpu_models") or [{"model": recorded, "from_iteration": 0}]
     store.set_meta("gpu_models", models + [{"model": model, "from_iteration": done + 1, "allowed": True}])
     store.log_event("gpu_changed", previous=recorded, model=model, iterations_done=done)
-    return (f"note: the GPU model changes from {describe(recorded)} to {describe(model)} after iteration {done} "
+    return (f"note: {run_path}: the GPU model changes from {describe(recorded)} to {describe(model)} after iteration {done} "
             "(--allow-gpu-change): scores before and after do not compare")
+
+
+def keep_to_branch(store: RunStore) -> None:
+    """A branch's record: the source's changes of model after the attempts the branch kept are not its past."""
+    models = store.get_meta("gpu_models") or []
+    kept = [m for i, m in enumerate(models) if i == 0 or m["from_iteration"] <= store.count_attempts()]
+    if kept != models:
+        store.set_meta("gpu_models", kept)

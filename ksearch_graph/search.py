@@ -15,6 +15,7 @@ from langgraph.types import Command
 
 from .config import SearchConfig
 from .context import SearchContext
+from .gpu_record import keep_to_branch
 from .graph import build_search_graph
 from .run_dir import RunDir, RunDirError, copy_sqlite
 from .store import attempt_summary
@@ -164,6 +165,7 @@ def branch(src_dir: str | Path, checkpoint_id: str, into: str | Path, *, world_m
     keep = set(values.get("merged_cycles", [])) | {r["cycle_id"] for r in values.get("finished_cycles", [])}
     store = new.store()
     store.keep_only_cycles(keep)
+    keep_to_branch(store)
     store.set_meta("status", "branched")
     store.log_event("branched", source=str(src.path), checkpoint=checkpoint_id, edited=world_model_file is not None)
     if world_model_file is not None:
@@ -238,6 +240,7 @@ def branch_at_attempt(src_dir: str | Path, attempt_id: str, into: str | Path) ->
     store = new.store()
     store.keep_only_cycles(set(values.get("merged_cycles", [])) | {cycle_id})
     store.end_cycle_at(cycle_id, step)
+    keep_to_branch(store)
     store.set_meta("status", "branched")
     store.log_event("branched", source=str(src.path), attempt=attempt_id)
     store.close()

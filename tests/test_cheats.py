@@ -401,8 +401,8 @@ def test_an_interpreter_hook_is_suspicious(evaluations, name):
 def test_an_output_that_computes_itself_when_read_does_not_pass(evaluations, honest, name):
     """A tensor subclass (its __torch_function__), a list subclass (its __iter__) or a patched torch.Tensor.clone
     that computes the result when the harness reads or copies it: the harness copies outputs without running
-    candidate code. The collector turned back on, or a profile function set from C (invisible to
-    sys.getprofile), are turned off again right after the call."""
+    candidate code. The collector turned back on is turned off again right after the call; a profile function
+    set from C (invisible to sys.getprofile) is blocked when set (harness/audit.py)."""
     r = evaluations[name]
     assert r.status in WRONG and r.score == 0, show(r)
 

@@ -101,3 +101,5 @@ def test_forging_the_timer_is_suspicious_on_a_gpu(results, name):
     assert _cuda(), "needs a CUDA GPU"
     r = results[name]
     assert r.status == Status.suspicious and r.score == 0, show(r)
+    if name in GPU_FORGERIES:
+        assert GPU_FORGERIES[name] in r.log_excerpt, show(r)

@@ -135,17 +135,17 @@ def test_branch_at_a_sample_continues_from_that_samples_code(tmp_path):
     run = tmp_path / "samples"
     run_cli("run", str(SOFTMAX), "--run-dir", str(run), "--iterations", "4", "--samples", "2",
             "--stagnation-window", "3", "--quiet", check=True)
-    source = _attempts(run)
+    source = sorted(_attempts(run))  # by id: a step's samples finish in either order
     assert [a[0] for a in source] == ["c1.1.1", "c1.1.2", "c1.2.1", "c1.2.2"]
     into = tmp_path / "at-c1.1.2"
     proc = run_cli("branch", str(run), "--at-attempt", "c1.1.2", "--into", str(into), check=True)
     assert "at attempt c1.1.2" in proc.stdout
-    assert _attempts(into) == source[:2]  # step 1 (both samples) is the branch's past; step 2 is not
+    assert sorted(_attempts(into)) == source[:2]  # step 1 (both samples) is the branch's past; step 2 is not
     run_cli("resume", str(into), "--quiet", check=True)
-    step2 = _attempts(into)[2:]
+    step2 = sorted(_attempts(into))[2:]
     assert [a[0] for a in step2] == ["c1.2.1", "c1.2.2"]
     assert all(a[2] == "improve" and a[3] == "c1.1.2" for a in step2), step2  # built on that sample's code
-    assert _attempts(run) == source
+    assert sorted(_attempts(run)) == source
     for bad, words in (("c1.1", "has no attempt 'c1.1'"), ("c1", "'c1' is not an attempt id"),
                        ("c1.1.x", "'c1.1.x' is not an attempt id")):
         proc = run_cli("branch", str(run), "--at-attempt", bad, "--into", str(tmp_path / bad))
@@ -182,9 +182,14 @@ def test_resume_on_another_gpu_model_stops_unless_allowed(small_run, tmp_path):
     proc = run_cli("resume", str(branch))
     assert proc.returncode == 2 and "evaluated on NVIDIA H100 80GB HBM3" in proc.stderr, proc.stderr
 
+    # Allowed, but nothing to run (the run is finished at its budget): nothing is recorded.
+    proc = run_cli("resume", str(run), "--iterations", "2", "--allow-gpu-change", check=True)
+    assert "the run is finished" in proc.stdout and "note:" not in proc.stdout, proc.stdout
+    assert show_json(run)["gpu_models"] == [{"model": "NVIDIA H100 80GB HBM3", "from_iteration": 0}]
+
     proc = run_cli("resume", str(run), "--more", "1", "--quiet", "--allow-gpu-change", check=True)
-    assert ("note: the GPU model changes from NVIDIA H100 80GB HBM3 to CPU slots (no GPU) after iteration 2"
-            in proc.stdout), proc.stdout
+    assert (f"note: {run}: the GPU model changes from NVIDIA H100 80GB HBM3 to CPU slots (no GPU) after "
+            "iteration 2" in proc.stdout), proc.stdout
     info = show_json(run)
     assert info["iterations_done"] == 3 and info["gpu_models"] == [
         {"model": "NVIDIA H100 80GB HBM3", "from_iteration": 0}, {"model": "cpu", "from_iteration": 3, "allowed": True}]
@@ -196,6 +201,12 @@ def test_resume_on_another_gpu_model_stops_unless_allowed(small_run, tmp_path):
             in (run / "report" / "report.md").read_text())
     run_cli("resume", str(run), "--more", "1", "--quiet", check=True)  # from now on the run is on CPU slots
     assert show_json(run)["iterations_done"] == 4
+
+    early = tmp_path / "before-the-change"  # a branch before the change has only the H100 in its past
+    run_cli("branch", str(run), "--at-attempt", "c1.1", "--into", str(early), check=True)
+    assert show_json(early)["gpu_models"] == [{"model": "NVIDIA H100 80GB HBM3", "from_iteration": 0}]
+    proc = run_cli("resume", str(early))
+    assert proc.returncode == 2 and "evaluated on NVIDIA H100 80GB HBM3" in proc.stderr, proc.stderr
 
 
 def test_a_server_run_on_another_gpu_model_is_refused_unless_allowed(small_run, tmp_path):

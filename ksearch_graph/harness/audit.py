@@ -11,8 +11,8 @@ holds no reference to raise audit events in CPython 3.8-3.12, and an audit hook 
 - the harness's code changed in place or cloned: ``__code__``, ``__defaults__`` or ``__kwdefaults__`` set on a harness
   function (or a harness code object put into another), code or a function made from harness code, source compiled
   under a harness file's name (which would pass for harness frames here);
-- code run inside the harness's frames: ``sys.settrace``, ``sys.setprofile`` (also for all threads, and through
-  ``threading``), ``sys.monitoring.register_callback``; a trace function's changes to ``f_locals`` are written back
+- code run inside the harness's frames: ``sys.settrace``, ``sys.setprofile`` (also set from C, for all threads, or
+  through ``threading``: each raises the same event), ``sys.monitoring.register_callback``; a trace function's changes to ``f_locals`` are written back
   into the frame, so one set on the timer's frame through ``f_back`` could rewrite the call's clock reads;
 - memory written through ctypes: the Python C API (``ctypes.pythonapi``: ``PyFrame_LocalsToFast``, ``Py_IncRef``,
   ...), ``from_address`` (a writable view). ``string_at`` only reads (any object's address is its ``id`` anyway): a
@@ -39,8 +39,8 @@ CODE_ATTRIBUTES = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 MEMORY = frozenset({"ctypes.cdata"})
 # A trace or profile function runs inside the harness's frames and CPython writes its f_locals back into them (and a
 # monitoring callback is called from them): the clock reads of the call under way could be rewritten.
-FRAME_HOOKS = frozenset({"sys.settrace", "sys.setprofile", "sys._settraceallthreads", "sys._setprofileallthreads",
-                         "sys.monitoring.register_callback"})
+# Also raised by PyEval_SetProfile/SetTrace from C, and in each thread for threading's and the all-threads forms.
+FRAME_HOOKS = frozenset({"sys.settrace", "sys.setprofile", "sys.monitoring.register_callback"})
 MAX_FOUND = 20  # what is kept for the flag; the first ones say enough
 
 

@@ -67,9 +67,10 @@ class InterpreterHooks:
         found = []
         if self.getprofile() is not self.profile or self.gettrace() is not self.trace:
             found.append("a profile or trace function (sys.setprofile / sys.settrace)")
-        # Always reset: one set from C (PyEval_SetProfile) is invisible to sys.getprofile.
-        self.setprofile(self.profile)
-        self.settrace(self.trace)
+            self.setprofile(self.profile)
+            self.settrace(self.trace)
+        # One set from C (PyEval_SetProfile, invisible to sys.getprofile) raises the same audit event as
+        # sys.setprofile: audit.py blocks it when it is set, so there is nothing to reset here.
         if self._monitored() != self.monitored_before:
             found.append("a sys.monitoring tool")
         if self.callbacks != self.callbacks_before:
