@@ -205,9 +205,17 @@ def test_llm_search_through_the_real_openai_client(tmp_path, softmax_task):
     assert "api_key" not in json.dumps(run_json).replace("api_key_env", "")  # no secret is ever written
 
 
-def _evaluation_children() -> int:
+def _evaluation_children(search_pid: int) -> int:
+    """Judge processes of this search (their environment names it: KSEARCH_PARENT_PID), not other tests' ones."""
     out = subprocess.run(["pgrep", "-f", "harness/judge.py"], capture_output=True, text=True).stdout
-    return len(out.split())
+    mine = 0
+    for pid in out.split():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # ended meanwhile
+            continue
+        mine += f"KSEARCH_PARENT_PID={search_pid}".encode() in environ
+    return mine
 
 
 def test_ctrl_c_stops_at_once_and_resume_finishes(tmp_path):
@@ -216,7 +224,7 @@ def test_ctrl_c_stops_at_once_and_resume_finishes(tmp_path):
                              "--iterations", "2"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     deadline = time.time() + 120
-    while not (run_dir / "store.sqlite").exists() or _evaluation_children() == 0:  # mid-evaluation
+    while not (run_dir / "store.sqlite").exists() or _evaluation_children(proc.pid) == 0:  # mid-evaluation
         assert time.time() < deadline and proc.poll() is None
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
@@ -225,7 +233,7 @@ def test_ctrl_c_stops_at_once_and_resume_finishes(tmp_path):
     assert proc.returncode == 130 and time.time() - started < 5, out
     assert "ksearch resume" in out
     time.sleep(0.5)
-    assert _evaluation_children() == 0  # the evaluation child died with the search
+    assert _evaluation_children(proc.pid) == 0  # the evaluation child died with the search
     assert show_json(run_dir)["status"] == "interrupted"
     run_cli("resume", str(run_dir), "--quiet", check=True)
     info = show_json(run_dir)

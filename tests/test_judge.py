@@ -383,6 +383,7 @@ def test_reference_timings_are_measured_once_per_session(tmp_path):
 
     (tmp_path / "reference.py").write_text(SCALE_REFERENCE + "\n# edited\n")
     edited = ev.evaluate(load_task(tmp_path), files, attempt_id="edited")
+    assert edited.passed, explain(edited)
     assert edited.environment["reference_timing"] == "measured in this evaluation"
     assert edited.phases["reference_timing"] > 0 and second.phases["reference_timing"] == 0
 
