@@ -40,6 +40,11 @@ FORGERIES = {
 }
 # Forgeries that only a GPU timer meets (on CPU they are honest): the judge's clock must catch them there.
 GPU_FORGERIES = {"forge_rerecord_event": BOUND}
+# Not caught on the H200 (2026-12-05, BENCHMARKS.md): each timed call of this task spends ~5 ms (~3 ms spread) on
+# CPU input generation and the integrity check, far above its 0.01-0.3 ms calls, so the judge's clock misses
+# 10-30x lies there (docs/threat-model.md). Strict: a bound that starts catching them fails this until removed.
+GPU_NOT_CAUGHT = {name: "the judge's slack on this task's short GPU calls is wider than the lie"
+                  for name in ("forge_blind_guard", "forge_rerecord_event")}
 GPU_PARAMS = {"square": {"m": 2048, "k": 2048, "n": 2048}, "skinny": {"m": 16, "k": 4096, "n": 2048}}
 
 
@@ -89,13 +94,17 @@ def test_the_honest_candidate_still_passes(results):
 
 @pytest.mark.parametrize("name", sorted(FORGERIES))
 def test_forging_the_timer_is_suspicious(results, name):
+    if _cuda():
+        pytest.skip("on a GPU host the GPU variant below judges these")
     r = results[name]
     assert r.status == Status.suspicious and r.score == 0, show(r)
     assert FORGERIES[name] in r.log_excerpt, show(r)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(FORGERIES | GPU_FORGERIES))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=GPU_NOT_CAUGHT[n])) if n in GPU_NOT_CAUGHT else n
+    for n in sorted(FORGERIES | GPU_FORGERIES)])
 def test_forging_the_timer_is_suspicious_on_a_gpu(results, name):
     """The same cheats where the timer reads CUDA events: on the GPU host, ``pytest -m gpu tests/test_forgery.py``."""
     assert _cuda(), "needs a CUDA GPU"

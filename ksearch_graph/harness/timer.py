@@ -169,8 +169,12 @@ class Timer:
         last of them still do."""
         if not self.cuda:
             return
-        pairs, until = [], self.perf() + seconds
-        while len(pairs) < min_calls or self.perf() < until:
+        # One clock for the whole loop: a candidate call that rebinds the timer's clock inside it must not leave a
+        # deadline of one clock compared with readings of another (a loop without end); the next timed call's
+        # integrity check finds the rebinding.
+        perf = self.perf
+        pairs, until = [], perf() + seconds
+        while len(pairs) < min_calls or perf() < until:
             start, end = self.Event(enable_timing=True), self.Event(enable_timing=True)
             self.zero_(self.flush)
             self.record(start)
@@ -209,7 +213,8 @@ class Timer:
         least = (POLICY.first_heat_min_s, POLICY.unlimited_heat_windows[1]) if not self.heated else (
             POLICY.heat_min_s, POLICY.unlimited_heat_windows[0])
         gauge = self.gauge if self.gauge is not None and self.gauge.available else None
-        windows, started = [], self.perf()
+        perf = self.perf  # one clock for the loop (see back_to_back)
+        windows, started = [], perf()
         seen = gauge is None  # without NVML: limited (the safe side), no reading to wait for
         # A power reading counts from its second change since the heat began: the first refresh can cover time before
         # the heat. The clock and its reasons lag the load, so they count only where the driver has no power reading
@@ -217,7 +222,7 @@ class Timer:
         changes, last = 0, gauge.read()[1] if gauge is not None else None
         self.heated, self.heat_trace, why = True, [], "no NVML" if gauge is None else None
         peak = 0.0  # the highest power reading that counts (W)
-        while self.cuda and self.perf() - started < POLICY.heat_max_s:
+        while self.cuda and perf() - started < POLICY.heat_max_s:
             done, now = len(self.untimed_us), []
             # NVML is read while calls still run: a GPU idle for a moment reads top clock again.
             self.back_to_back(fn, args, POLICY.heat_window_s, while_busy=None if gauge is None else lambda: now.append(
@@ -237,7 +242,7 @@ class Timer:
             if near_cap and len(windows) > 1 and windows[-1] > min(windows[1:]) * (1 + POLICY.load_slowdown):
                 why = why or "slowdown"
             limited = why is not None
-            settled = self.perf() - started >= least[0] if limited else seen and len(windows) >= least[1]
+            settled = perf() - started >= least[0] if limited else seen and len(windows) >= least[1]
             if settled and len(windows) > 1 and windows[-1] <= windows[-2] * 1.01:
                 break
         if not seen:  # no fresh power reading within POLICY.heat_max_s: the safe side
