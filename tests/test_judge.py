@@ -362,6 +362,44 @@ def test_a_timing_trace_has_every_timed_call_of_reference_and_candidate_and_the_
     assert r.passed, explain(r)
 
 
+# A host busy through one burst, as the judge's clock sees it: in the candidate's process (where the runner's
+# next_call makes each timed call's inputs) the first three timed calls' inputs come 40 ms late.
+ONE_SLOW_BURST_REFERENCE = SCALE_REFERENCE + """
+
+import sys
+import time
+
+_make_inputs, _late = make_inputs, []
+
+
+def make_inputs(params, seed, device):
+    if sys._getframe(2).f_code.co_name == "next_call" and len(_late) < 3:
+        _late.append(seed)
+        time.sleep(0.04)
+    return _make_inputs(params, seed, device)
+"""
+
+
+def test_a_burst_the_judges_clock_contradicts_once_is_timed_again(tmp_path):
+    """time_bound.py: a burst whose calls the judge's clock finds far longer than reported is dropped and timed again
+    once per workload (a busy host slows one burst, a forged clock lies again: tests/test_forgery.py)."""
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "reference.py").write_text(ONE_SLOW_BURST_REFERENCE)
+    task = write_task(tmp_path / "task", workloads=[{"name": "small", "params": {"n": 1000}}])
+    trace = tmp_path / "trace.jsonl"
+    ev = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all",
+                             env={"KSEARCH_TIMING_TRACE": str(trace)})
+    r = ev.evaluate(task, {"kernel.py": HONEST}, attempt_id="one-slow-burst")
+    assert r.passed, explain(r)
+    assert "small: calls 1-3: the judge's clock leaves at least" in r.log_excerpt, explain(r)
+    assert "dropped and timed again" in r.log_excerpt, explain(r)
+    bursts = [json.loads(line) for line in trace.read_text().splitlines()]
+    candidate = [b for b in bursts if b["who"] == "candidate"]
+    assert candidate[0]["first"] == 0 and candidate[0]["dropped"]
+    assert not any(b.get("dropped") for b in candidate[1:])
+    assert r.workloads[0].runs == sum(len(b["calls"]) for b in candidate[1:])
+
+
 def test_reference_timings_are_measured_once_per_session(tmp_path):
     """The evaluator times the reference and baseline in its first evaluation, before any candidate code runs, and
     reuses the figures, also after a candidate that failed: every candidate is compared with the same numbers. An

@@ -88,6 +88,18 @@ def test_on_cpu_a_share_of_delayed_hand_overs_does_not_decide_but_a_forged_clock
     assert "quantile" in tb.contradiction(spans, [250.0] * 12, cpu, False)
 
 
+def test_on_cpu_a_host_that_runs_the_steps_around_each_call_slower_does_not_decide():
+    # The GPU MODE linear task's calls on a two-core CI host: ~1.6 ms of steps around each 60-190 us call, run 2.3x
+    # slower than when the reference calibrated them (a busy SMT sibling shows on no run queue).
+    cpu = tb.calibrate([900.0] * 20, extra_us=700.0, cpu=True)
+    said = [190.0] * 6
+    slow = [2.3 * cpu.overhead_us + 190.0] * 6
+    assert tb.contradiction(slow, said, cpu, False) is None
+    assert tb.contradiction(slow, said, tb.calibrate([900.0] * 20, extra_us=700.0), False) is not None  # GPU rule
+    # A clock forged to a thousandth on an 80 ms call (tests/cheats/forge_blind_guard.py) stays gross there.
+    assert tb.contradiction([2.3 * cpu.overhead_us + 80_000.0] * 6, [80.0] * 6, cpu, False) is not None
+
+
 def test_quantile_interpolates_and_its_half_is_the_median():
     assert tb.quantile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
     assert tb.quantile([4.0, 1.0, 3.0, 2.0], 0.25) == pytest.approx(1.75)

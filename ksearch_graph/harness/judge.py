@@ -199,6 +199,7 @@ class Judge:
             call_s) else self.args.call_timeout_s
         times, tails, hosts, started, side = [], [], [], time.perf_counter(), SideStreamRule()
         made = 0  # calls made, a dropped burst's included: every call gets inputs of its own
+        contradicted = ""  # the calls of the burst the judge's clock contradicted (time_bound.py), once dropped
         bursts = Bursts()
         while True:
             first, burst_started, heated = made, time.perf_counter(), self.phases["timing_heat"]
@@ -235,13 +236,21 @@ class Judge:
             check_burst_timings(timed, prints, untimed, len(seeds), where)
             device = [us for us, _, _, _ in timed]
             # time_bound.py; a burst that read 0 us throughout is judged on its host times, as it is reported
-            bound = self.bound(name, stamps, honest_times(device, [h for *_, h in timed])[0],
-                               f"{where}s {first + 1}-{made}")
-            verdict = side.verdict(device, [tail - probe for _, tail, probe, _ in timed])
+            lie, bound = self.bound(name, stamps, honest_times(device, [h for *_, h in timed])[0])
+            if lie and contradicted:
+                raise Failure("suspicious", f"{where}s {first + 1}-{made}: {lie}, as in calls {contradicted} timed "
+                              "before them: its timer was tampered with")
+            if lie:  # once per workload: a host busy through one burst slows it once; a forged clock lies again
+                contradicted = f"{first + 1}-{made}"
+                notes.append(f"{name}: calls {contradicted}: {lie}; dropped and timed again (a busy host?)")
+                verdict = "drop"
+            else:
+                verdict = side.verdict(device, [tail - probe for _, tail, probe, _ in timed])
             self.timing_trace.write("candidate", name, first, timed, dropped=verdict == "drop", bound=bound)
             if verdict == "drop":
-                notes.append(f"{name}: calls {first + 1}-{made} left {side.extra_us:.0f} us of device work past their "
-                             "end event on average (work on another stream?); dropped and timed again")
+                if not lie:
+                    notes.append(f"{name}: calls {first + 1}-{made} left {side.extra_us:.0f} us of device work past "
+                                 "their end event on average (work on another stream?); dropped and timed again")
             else:
                 times += device
                 tails += [tail for _, tail, _, _ in timed]
@@ -287,15 +296,13 @@ class Judge:
                          "returned, or the work done on the host); timed by the host clock around each call instead")
         return times, notes
 
-    def bound(self, name: str, stamps: list[tuple], device: list[float], where: str) -> dict | None:
-        """time_bound.py's check of one burst of the candidate's: fails it where the judge's clock between its
-        requests (``stamps``) leaves more device time than it reported; returns the figures for the trace."""
+    def bound(self, name: str, stamps: list[tuple], device: list[float]) -> tuple[str | None, dict | None]:
+        """time_bound.py's check of one burst of the candidate's: (why the judge's clock between its requests
+        (``stamps``) leaves more device time than it reported, or None; the figures for the trace)."""
         spans, cal = time_bound.call_spans_us(stamps), self.calibration(name)
         lie = time_bound.contradiction(spans, device, cal, self.power_limited[name])
-        if lie:
-            raise Failure("suspicious", f"{where}: {lie}: its timer was tampered with")
-        return cal and {"spans_us": spans, "overhead_us": cal.overhead_us, "noise_us": cal.noise_us,
-                        "rel_slack": cal.rel_slack, "quantile": cal.quantile}
+        return lie, cal and {"spans_us": spans, "overhead_us": cal.overhead_us, "noise_us": cal.noise_us,
+                             "rel_slack": cal.rel_slack, "quantile": cal.quantile}
 
     def calibration(self, name: str) -> time_bound.Calibration | None:
         """time_bound.py's calibration for a workload: the reference's per-call overheads, plus what only the

@@ -51,6 +51,7 @@ class TimingPolicy:
     bound_noise_spreads: float = 3.0  # ... and this many spreads of the calibrated overhead less
     bound_min_noise_us: float = 20.0  # the overhead's spread is never taken to be smaller than this
     bound_overhead_slack: float = 0.5  # ... and this share of the overhead less (the candidate's side is slower)
+    bound_overhead_slack_cpu: float = 1.5  # on CPU: a busy host slows the steps around a call up to ~2.5x
     bound_fill_overshoot: int = 3  # filler calls still running when the fillers' time is up (two queued, one started)
     bound_hiccup_us: float = 50_000.0  # one stall a burst may hold beyond the calibration's worst (its sum's check)
     # Burst memory: a burst's inputs and output copies, kept until the judge has checked some.

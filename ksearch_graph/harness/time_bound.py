@@ -17,14 +17,18 @@ stall (``bound_hiccup_us``: work a rewritten runner moved into one call's interv
 
 How tight (the constants are TimingPolicy's ``bound_*``; figures in docs/timing.md): the slack is
 ``bound_rel_slack`` of the call, plus ``bound_noise_spreads`` spreads of the overhead, plus ``bound_overhead_slack`` of
-the overhead itself (the candidate's process may be slower at the same steps). A call much longer than that (a
+the overhead itself (the candidate's process may be slower at the same steps). A burst the judge's clock contradicts
+is dropped and timed again, once per workload (judge.py): a host busy through one burst slows it once, a forged clock
+lies in the next burst too. A call much longer than that (a
 millisecond on a GPU: TriMul, large matmuls) cannot report much less than itself; a call of tens of us hides inside
 the overhead's spread, so only lies of more than that spread are caught. On a power-limited workload the fillers'
 overshoot leaves the floor at ``1 / (1 + bound_fill_overshoot)`` of the call: only lies of more than ~4x are caught
 there. On CPU the calls are host work, and a loaded host's scheduler delays a share of the hand-overs between the
 processes by milliseconds: there the judge's interval leaves out the time either process waited on a run queue
 (``call_spans_us``), a burst's floor is the lower quantile ``bound_quantile_cpu`` of its calls', and the slack
-``bound_rel_slack_cpu`` of the call (lies of more than ~2x are caught).
+``bound_rel_slack_cpu`` of the call plus ``bound_overhead_slack_cpu`` of the overhead: a host's other work slows
+each step around the call too (a busy SMT sibling, a calibration from a quieter minute), and no run queue shows it.
+Lies of more than ~2x are caught on calls a few times longer than the overhead (~1.5 ms on CPU).
 """
 
 from __future__ import annotations
@@ -42,14 +46,16 @@ class Calibration:
     """``overhead_us``: the host time of one timed call's steps besides the call itself (median); ``noise_us``: how
     far above the median it reaches (its 90th percentile minus the median, at least ``bound_min_noise_us``);
     ``worst_us``: the largest excess over the median the reference's calls showed; ``rel_slack``: the share of a call
-    it may report below the floor, and ``quantile``: which of a burst's floors is its floor (``bound_rel_slack`` and
-    ``bound_quantile``; on CPU ``bound_rel_slack_cpu`` and ``bound_quantile_cpu``)."""
+    it may report below the floor, ``quantile``: which of a burst's floors is its floor, and ``overhead_slack``: the
+    share of the overhead by which the candidate's side may be slower (``bound_rel_slack``, ``bound_quantile`` and
+    ``bound_overhead_slack``; on CPU their ``_cpu`` forms)."""
 
     overhead_us: float
     noise_us: float
     worst_us: float = 0.0
     rel_slack: float = POLICY.bound_rel_slack
     quantile: float = POLICY.bound_quantile
+    overhead_slack: float = POLICY.bound_overhead_slack
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -110,8 +116,8 @@ def calibrate(overheads_us: list[float], extra_us: float, extra_noise_us: float 
     median = statistics.median(ordered)
     high = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
     noise = max(POLICY.bound_min_noise_us, high - median) + extra_noise_us
-    device = (POLICY.bound_rel_slack_cpu, POLICY.bound_quantile_cpu) if cpu else (
-        POLICY.bound_rel_slack, POLICY.bound_quantile)
+    device = (POLICY.bound_rel_slack_cpu, POLICY.bound_quantile_cpu, POLICY.bound_overhead_slack_cpu) if cpu else (
+        POLICY.bound_rel_slack, POLICY.bound_quantile, POLICY.bound_overhead_slack)
     return Calibration(median + extra_us, noise, ordered[-1] - median, *device)
 
 
@@ -125,7 +131,7 @@ def device_floor_us(interval_us: float, reported_us: float, cal: Calibration, li
 
 def slack_us(cal: Calibration) -> float:
     """What a call may report below the judge's floor besides ``cal.rel_slack`` of itself."""
-    return POLICY.bound_noise_spreads * cal.noise_us + POLICY.bound_overhead_slack * cal.overhead_us
+    return POLICY.bound_noise_spreads * cal.noise_us + cal.overhead_slack * cal.overhead_us
 
 
 def threshold_us(reported_us: float, cal: Calibration) -> float:
