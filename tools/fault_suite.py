@@ -246,7 +246,8 @@ def disk_full(work: Path, base: Path) -> Outcome:
     if proc.returncode != 74 or "disk is full" not in proc.stderr or "Traceback" in proc.stderr:
         return Outcome("disk full (RLIMIT_FSIZE)", "FAILED", note=f"exit {proc.returncode}: {proc.stderr[-300:]}")
     out = way_out("disk full (RLIMIT_FSIZE)", run, before)  # space is back: resume as usual
-    out.note = f"exit 74 ({proc.stderr.strip()[9:80]}...), then resumed"
+    stop = f"exit 74 ({proc.stderr.strip()[9:80]}...)"
+    out.note = f"{stop}, then: {out.note}" if out.how == "FAILED" else f"{stop}, then resumed"
     return out
 
 
@@ -280,7 +281,8 @@ def read_only(work: Path, base: Path) -> Outcome:
     if not (proc.returncode == 74 and "read-only" in proc.stderr and "Traceback" not in proc.stderr):
         return Outcome("read-only run directory", "FAILED", note=f"exit {proc.returncode}: {proc.stderr[-300:]}")
     out = way_out("read-only run directory", run, before)
-    out.note = f"exit 74 ({proc.stderr.strip()[9:80]}...), then resumed writable"
+    stop = f"exit 74 ({proc.stderr.strip()[9:80]}...)"
+    out.note = f"{stop}, then: {out.note}" if out.how == "FAILED" else f"{stop}, then resumed writable"
     return out
 
 
