@@ -26,10 +26,16 @@ class GpuModelChanged(RunDirError):
     pass
 
 
+def model_words(name: str) -> set[str]:
+    """A GPU name's words, vendor left out, memory sizes as ``80gb`` (Ray writes ``A100-80G``)."""
+    words = set(re.findall(r"[a-z0-9]+", name.lower())) - _VENDOR_WORDS
+    return {w + "b" if re.fullmatch(r"\d+g", w) else w for w in words}
+
+
 def same_model(a: str, b: str) -> bool:
     """Whether two names are one GPU model. The local pool says ``NVIDIA H100 80GB HBM3`` and Ray ``H100``: the
-    names' words (vendor left out) must be the same, or those of one among the other's."""
-    words_a, words_b = (set(re.findall(r"[a-z0-9]+", n.lower())) - _VENDOR_WORDS for n in (a, b))
+    names' words must be the same, or those of one among the other's."""
+    words_a, words_b = model_words(a), model_words(b)
     return bool(words_a and words_b) and (words_a <= words_b or words_b <= words_a)
 
 

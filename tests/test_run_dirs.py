@@ -230,6 +230,8 @@ def test_gpu_model_names_from_the_local_pool_and_ray_compare():
     assert same_model("NVIDIA H100 80GB HBM3", "H100") and same_model("cpu", "cpu")
     assert not same_model("NVIDIA H100 80GB HBM3", "NVIDIA H200") and not same_model("cpu", "NVIDIA H200")
     assert not same_model("NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3")
+    assert same_model("A100-80G", "NVIDIA A100-SXM4-80GB") and same_model("A10G", "NVIDIA A10G")  # Ray's spellings
+    assert not same_model("A100-80G", "NVIDIA A100-SXM4-40GB")
 
 
 def test_long_llm_call_heartbeat_and_failed_attempt_headline(tmp_path):
