@@ -141,3 +141,13 @@ def show_json(run_dir) -> dict:
     """``ksearch show DIR --json``, parsed."""
     return json.loads(run_cli("show", str(run_dir), "--json", check=True).stdout)
 
+
+
+def attempt_rows(run_dir, *columns: str) -> list[tuple]:
+    """The run's attempts besides the seed, in iteration order, as tuples of ``columns`` (read from store.sqlite)."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(Path(run_dir) / "store.sqlite")) as db:
+        return db.execute(f"select {', '.join(columns)} from attempts where prompt_kind != 'seed' "
+                          "order by iteration").fetchall()

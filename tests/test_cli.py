@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, run_cli, show_json
+from conftest import REPO, SOFTMAX, attempt_rows, FakeOpenAIServer, Reply, run_cli, show_json
 
 pytestmark = pytest.mark.slow  # every test runs the ksearch command in subprocesses
 
@@ -26,9 +26,7 @@ ITERATIONS = 5
 
 
 def _attempt_rows(run_dir: Path) -> list[tuple]:
-    with sqlite3.connect(run_dir / "store.sqlite") as db:
-        return db.execute("select id, cycle_id, iteration, status from attempts where prompt_kind != 'seed' "
-                          "order by iteration").fetchall()
+    return attempt_rows(run_dir, "id", "cycle_id", "iteration", "status")
 
 
 @pytest.fixture(scope="module")

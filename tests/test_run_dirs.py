@@ -12,15 +12,13 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, insert, run_cli, script, show_json
+from conftest import REPO, SOFTMAX, attempt_rows, FakeOpenAIServer, Reply, insert, run_cli, script, show_json
 
 pytestmark = pytest.mark.slow  # real searches through the CLI, killed and resumed
 
 
 def _attempts(run_dir: Path) -> list[tuple]:
-    with sqlite3.connect(run_dir / "store.sqlite") as db:
-        return db.execute("select id, iteration, prompt_kind, base_attempt_id from attempts "
-                          "where prompt_kind != 'seed' order by iteration").fetchall()
+    return attempt_rows(run_dir, "id", "iteration", "prompt_kind", "base_attempt_id")
 
 
 @pytest.fixture(scope="module")
