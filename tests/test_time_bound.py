@@ -113,3 +113,25 @@ def test_the_judges_interval_leaves_out_the_time_either_process_waited_to_run():
     assert tb.call_spans_us(stamps) == pytest.approx([6000.0, 3000.0])
     now, waited = tb.stamp(os.getpid())
     assert now > 0 and waited >= 0
+
+
+def test_the_forgery_checks_table_reads_a_traced_burst_as_the_judge_does(tmp_path):
+    import json
+
+    from conftest import REPO, load_module
+
+    tool = load_module("forgery_check", REPO / "tools" / "forgery_check.py")
+    said, spans = [100.0, 110.0, 90.0, 100.0], [2600.0, 2700.0, 2650.0, 2500.0]
+    for limited, cpu in ((True, False), (False, False), (False, True)):
+        cal = tb.calibrate([400.0, 450.0, 500.0] * 4, extra_us=100.0, cpu=cpu)
+        trace = tmp_path / f"trace-{limited}-{cpu}.jsonl"
+        bound = {"spans_us": spans, "overhead_us": cal.overhead_us, "noise_us": cal.noise_us,
+                 "rel_slack": cal.rel_slack, "quantile": cal.quantile, "overhead_slack": cal.overhead_slack,
+                 "limited": limited}
+        trace.write_text(json.dumps({"who": "candidate", "workload": "w", "first": 0,
+                                     "calls": [[s, 0, 0, 0] for s in said], "bound": bound}) + "\n")
+        [row] = tool.bound_rows(trace)
+        floors = [tb.device_floor_us(s, r, cal, limited) for s, r in zip(spans, said)]
+        assert row["floor_us"] == pytest.approx(tb.quantile(floors, cal.quantile))
+        caught = tb.contradiction(spans, said, cal, limited) is not None
+        assert (row["floor_us"] > row["threshold_us"]) == caught, (limited, cpu, row)

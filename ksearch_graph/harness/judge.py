@@ -302,7 +302,8 @@ class Judge:
         spans, cal = time_bound.call_spans_us(stamps), self.calibration(name)
         lie = time_bound.contradiction(spans, device, cal, self.power_limited[name])
         return lie, cal and {"spans_us": spans, "overhead_us": cal.overhead_us, "noise_us": cal.noise_us,
-                             "rel_slack": cal.rel_slack, "quantile": cal.quantile}
+                             "rel_slack": cal.rel_slack, "quantile": cal.quantile,
+                             "overhead_slack": cal.overhead_slack, "limited": self.power_limited[name]}
 
     def calibration(self, name: str) -> time_bound.Calibration | None:
         """time_bound.py's calibration for a workload: the reference's per-call overheads, plus what only the
