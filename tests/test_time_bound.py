@@ -131,7 +131,28 @@ def test_the_forgery_checks_table_reads_a_traced_burst_as_the_judge_does(tmp_pat
         trace.write_text(json.dumps({"who": "candidate", "workload": "w", "first": 0,
                                      "calls": [[s, 0, 0, 0] for s in said], "bound": bound}) + "\n")
         [row] = tool.bound_rows(trace)
+        assert row["dropped"] is False
         floors = [tb.device_floor_us(s, r, cal, limited) for s, r in zip(spans, said)]
         assert row["floor_us"] == pytest.approx(tb.quantile(floors, cal.quantile))
         caught = tb.contradiction(spans, said, cal, limited) is not None
         assert (row["floor_us"] > row["threshold_us"]) == caught, (limited, cpu, row)
+
+
+def test_a_contradicted_burst_is_dropped_once_and_a_forger_that_backs_off_is_caught():
+    cal = tb.calibrate([500.0] * 20, extra_us=700.0, cpu=True)
+    lie = "the judge's clock leaves at least 9000 us"
+    # A host busy through one burst: dropped, then the same story again is kept.
+    rule = tb.ContradictionRule()
+    assert rule.verdict(lie, [60.0] * 3, cal, "1-3")[0] == "drop"
+    assert rule.verdict(None, [55.0] * 6, cal, "4-9") == ("keep", "")
+    assert rule.verdict(None, [70.0] * 6, cal, "10-15") == ("keep", "")
+    # A forged clock that lies again.
+    rule = tb.ContradictionRule()
+    rule.verdict(lie, [80.0] * 3, cal, "1-3")
+    verdict, why = rule.verdict(lie, [80.0] * 3, cal, "4-6")
+    assert verdict == "fail" and "as in calls 1-3 timed before them" in why
+    # One that backs off to its true 80 ms after the lie was dropped.
+    rule = tb.ContradictionRule()
+    rule.verdict(lie, [80.0] * 3, cal, "1-3")
+    verdict, why = rule.verdict(None, [80_000.0] * 3, cal, "4-6")
+    assert verdict == "fail" and "reported 80 us for calls 1-3" in why

@@ -8,7 +8,8 @@
    seed and (unless --skip-trimul) TriMul's seed, all workloads. Per timed workload: status, mean latency, and the
    judge's bound (harness/time_bound.py) on its bursts: the device floor the judge's clock leaves per call (the
    burst's quantile of its calls' floors), the median reported time, the threshold a forgery must stay under, and
-   floor / threshold (below 1: passes; the closer to 1, the tighter the bound for that call length).
+   floor / threshold (below 1: passes; the closer to 1, the tighter the bound for that call length); a burst the
+   judge dropped and timed again (its clock or the side-stream rule) is marked.
 3. The guards' own cost in this process (harness/forgery.py): the integrity check per timed call, without and with
    the audit hook, and the hook's cost per audit event (a function's ``__code__`` read, the commonest event in the
    harness's own checks).
@@ -55,7 +56,8 @@ def bound_rows(trace: Path) -> list[dict]:
         rows.append({"workload": entry["workload"], "first": entry["first"], "said_us": statistics.median(said),
                      "floor_us": tb.quantile(floors, cal.quantile),
                      "threshold_us": tb.threshold_us(statistics.median(said), cal),
-                     "overhead_us": cal.overhead_us, "noise_us": cal.noise_us})
+                     "overhead_us": cal.overhead_us, "noise_us": cal.noise_us,
+                     "dropped": bool(entry.get("dropped"))})  # not in the result (timed again)
     return rows
 
 
@@ -76,11 +78,11 @@ def evaluate(label: str, task_dir: Path, files: dict, workloads: str | None = No
     if r.status.value != "passed":
         print(r.log_excerpt[:1500])
     print(f"  {'workload':28s} {'burst':>5s} {'reported':>10s} {'floor':>10s} {'threshold':>10s} {'floor/thr':>9s} "
-          f"{'overhead':>9s} {'noise':>7s}")
+          f"{'overhead':>9s} {'noise':>7s} dropped")
     for row in rows:
         print(f"  {row['workload'][:28]:28s} {row['first']:5d} {row['said_us']:10.1f} {row['floor_us']:10.1f} "
               f"{row['threshold_us']:10.1f} {row['floor_us'] / row['threshold_us']:9.2f} {row['overhead_us']:9.1f} "
-              f"{row['noise_us']:7.1f}")
+              f"{row['noise_us']:7.1f} {'yes' if row['dropped'] else ''}")
     return {"label": label, "status": r.status.value, "latency_us": r.latency_us, "score": r.score,
             "workloads": {w.workload: w.latency_us for w in r.workloads if w.timed}, "bound": rows,
             "log": r.log_excerpt[:1500]}

@@ -199,7 +199,7 @@ class Judge:
             call_s) else self.args.call_timeout_s
         times, tails, hosts, started, side = [], [], [], time.perf_counter(), SideStreamRule()
         made = 0  # calls made, a dropped burst's included: every call gets inputs of its own
-        contradicted = ""  # the calls of the burst the judge's clock contradicted (time_bound.py), once dropped
+        clock = time_bound.ContradictionRule()  # bursts the judge's clock contradicts
         bursts = Bursts()
         while True:
             first, burst_started, heated = made, time.perf_counter(), self.phases["timing_heat"]
@@ -236,19 +236,19 @@ class Judge:
             check_burst_timings(timed, prints, untimed, len(seeds), where)
             device = [us for us, _, _, _ in timed]
             # time_bound.py; a burst that read 0 us throughout is judged on its host times, as it is reported
-            lie, bound = self.bound(name, stamps, honest_times(device, [h for *_, h in timed])[0])
-            if lie and contradicted:
-                raise Failure("suspicious", f"{where}s {first + 1}-{made}: {lie}, as in calls {contradicted} timed "
-                              "before them: its timer was tampered with")
-            if lie:  # once per workload: a host busy through one burst slows it once; a forged clock lies again
-                contradicted = f"{first + 1}-{made}"
-                notes.append(f"{name}: calls {contradicted}: {lie}; dropped and timed again (a busy host?)")
-                verdict = "drop"
+            reported = honest_times(device, [h for *_, h in timed])[0]
+            lie, bound = self.bound(name, stamps, reported)
+            verdict, why = clock.verdict(lie, reported, self.calibration(name), f"{first + 1}-{made}")
+            if verdict == "fail":
+                self.timing_trace.write("candidate", name, first, timed, dropped=True, bound=bound)
+                raise Failure("suspicious", f"{where}s {first + 1}-{made}: {why}: its timer was tampered with")
+            if verdict == "drop":
+                notes.append(f"{name}: {why}")
             else:
                 verdict = side.verdict(device, [tail - probe for _, tail, probe, _ in timed])
             self.timing_trace.write("candidate", name, first, timed, dropped=verdict == "drop", bound=bound)
             if verdict == "drop":
-                if not lie:
+                if not why:
                     notes.append(f"{name}: calls {first + 1}-{made} left {side.extra_us:.0f} us of device work past "
                                  "their end event on average (work on another stream?); dropped and timed again")
             else:
@@ -287,7 +287,7 @@ class Judge:
                 break
         if side.charged:
             notes.append(f"{name}: the device stayed busy {side.extra_us:.0f} us after the call ended on its stream "
-                         f"in a burst timed after {side.dropped} dropped ones (work on another stream?); every call "
+                         f"in a burst timed after {side.dropped} dropped for it (work on another stream?); every call "
                          "timed until the whole device was idle")
         times, on_host = honest_times(side.reported(times, tails), hosts)
         if on_host:

@@ -59,8 +59,8 @@ class TimingTrace:
     def write(self, who: str, workload: str, first: int, calls: list, dropped: bool = False,
               bound: dict | None = None) -> None:
         """One burst's timed calls into the TRACE_ENV file, where one is named; ``at``: when the judge had them (wall
-        clock, s), which spaces the bursts (the judge's checks come between a workload's); ``dropped``: by the
-        SideStreamRule (not in the result)."""
+        clock, s), which spaces the bursts (the judge's checks come between a workload's); ``dropped``: not in the
+        result (by the SideStreamRule, or the judge's clock contradicted it)."""
         if not self.path:
             return
         line = {"who": who, "workload": workload, "first": first, "at": round(time.time(), 4),

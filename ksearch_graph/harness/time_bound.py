@@ -18,8 +18,7 @@ stall (``bound_hiccup_us``: work a rewritten runner moved into one call's interv
 How tight (the constants are TimingPolicy's ``bound_*``; figures in docs/timing.md): the slack is
 ``bound_rel_slack`` of the call, plus ``bound_noise_spreads`` spreads of the overhead, plus ``bound_overhead_slack`` of
 the overhead itself (the candidate's process may be slower at the same steps). A burst the judge's clock contradicts
-is dropped and timed again, once per workload (judge.py): a host busy through one burst slows it once, a forged clock
-lies in the next burst too. A call much longer than that (a
+is dropped and timed again, once per workload (``ContradictionRule``). A call much longer than that (a
 millisecond on a GPU: TriMul, large matmuls) cannot report much less than itself; a call of tens of us hides inside
 the overhead's spread, so only lies of more than that spread are caught. On a power-limited workload the fillers'
 overshoot leaves the floor at ``1 / (1 + bound_fill_overshoot)`` of the call: only lies of more than ~4x are caught
@@ -28,7 +27,8 @@ processes by milliseconds: there the judge's interval leaves out the time either
 (``call_spans_us``), a burst's floor is the lower quantile ``bound_quantile_cpu`` of its calls', and the slack
 ``bound_rel_slack_cpu`` of the call plus ``bound_overhead_slack_cpu`` of the overhead: a host's other work slows
 each step around the call too (a busy SMT sibling, a calibration from a quieter minute), and no run queue shows it.
-Lies of more than ~2x are caught on calls a few times longer than the overhead (~1.5 ms on CPU).
+A lie is caught there where the call less twice its reported time exceeds the slack on the overhead (~3.5 ms on the
+GPU MODE test task): gross lies on calls over ~4 ms, lies over 4x on calls over ~7 ms, over 2.5x over ~18 ms.
 """
 
 from __future__ import annotations
@@ -158,6 +158,36 @@ def contradiction(spans_us: list[float], reported_us: list[float], cal: Calibrat
         return (f"the judge's clock leaves at least {total:.0f} us of device time for the burst's {len(floors)} calls, "
                 f"the candidate's process reported {told:.0f} us")
     return None
+
+
+class ContradictionRule:
+    """Per workload: the first burst the judge's clock contradicts is dropped and timed again (a host busy through
+    one burst slows it once). A forged clock then lies again (contradicted a second time), or backs off: the burst
+    after the dropped one reports more than the dropped one's median allows (``threshold_us`` of it). Either fails
+    the candidate, so the dropped burst buys a forger no lie beyond the slack."""
+
+    def __init__(self):
+        self.dropped = ""  # the dropped burst's calls ("4-9"), once one was dropped
+        self.dropped_said_us = 0.0  # its median reported time
+        self.next_judged = False
+
+    def verdict(self, lie: str | None, reported_us: list[float], cal: Calibration | None,
+                calls: str) -> tuple[str, str]:
+        """("keep" | "drop" | "fail", why) for one burst (``lie``: ``contradiction``'s finding; ``calls``: its
+        calls, as "4-9")."""
+        if lie and self.dropped:
+            return "fail", f"{lie}, as in calls {self.dropped} timed before them"
+        if lie:
+            self.dropped, self.dropped_said_us = calls, statistics.median(reported_us)
+            return "drop", f"calls {calls}: {lie}; dropped and timed again (a busy host?)"
+        if self.dropped and not self.next_judged and cal is not None and reported_us:
+            self.next_judged = True
+            said = statistics.median(reported_us)
+            if said > threshold_us(self.dropped_said_us, cal):
+                return "fail", (f"the candidate's process reported {said:.0f} us (median) for calls {calls}, after "
+                                f"it had reported {self.dropped_said_us:.0f} us for calls {self.dropped}, which the "
+                                "judge's clock contradicted")
+        return "keep", ""
 
 
 def round_trip_us(runner, tries: int = 9) -> tuple[float, float]:
