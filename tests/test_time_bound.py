@@ -125,9 +125,7 @@ def test_the_forgery_checks_table_reads_a_traced_burst_as_the_judge_does(tmp_pat
     for limited, cpu in ((True, False), (False, False), (False, True)):
         cal = tb.calibrate([400.0, 450.0, 500.0] * 4, extra_us=100.0, cpu=cpu)
         trace = tmp_path / f"trace-{limited}-{cpu}.jsonl"
-        bound = {"spans_us": spans, "overhead_us": cal.overhead_us, "noise_us": cal.noise_us,
-                 "rel_slack": cal.rel_slack, "quantile": cal.quantile, "overhead_slack": cal.overhead_slack,
-                 "limited": limited}
+        bound = tb.trace_figures(spans, cal, limited)  # as the judge writes them
         trace.write_text(json.dumps({"who": "candidate", "workload": "w", "first": 0,
                                      "calls": [[s, 0, 0, 0] for s in said], "bound": bound}) + "\n")
         [row] = tool.bound_rows(trace)

@@ -235,6 +235,13 @@ def lock_held(run: Path) -> bool:
         return True
 
 
+def after_stop(out: Outcome, stop: subprocess.CompletedProcess, done: str) -> Outcome:
+    """``out`` (the way out after a run stopped clearly) with the stop in its note; a failure keeps its reason."""
+    said = f"exit 74 ({stop.stderr.strip()[9:80]}...)"
+    out.note = f"{said}, then: {out.note}" if out.how == "FAILED" else f"{said}, then {done}"
+    return out
+
+
 def disk_full(work: Path, base: Path) -> Outcome:
     run = work / "disk-full"
     shutil.copytree(base, run)
@@ -245,10 +252,7 @@ def disk_full(work: Path, base: Path) -> Outcome:
         return Outcome("disk full (RLIMIT_FSIZE)", "FAILED", note="the search never hit the limit")
     if proc.returncode != 74 or "disk is full" not in proc.stderr or "Traceback" in proc.stderr:
         return Outcome("disk full (RLIMIT_FSIZE)", "FAILED", note=f"exit {proc.returncode}: {proc.stderr[-300:]}")
-    out = way_out("disk full (RLIMIT_FSIZE)", run, before)  # space is back: resume as usual
-    stop = f"exit 74 ({proc.stderr.strip()[9:80]}...)"
-    out.note = f"{stop}, then: {out.note}" if out.how == "FAILED" else f"{stop}, then resumed"
-    return out
+    return after_stop(way_out("disk full (RLIMIT_FSIZE)", run, before), proc, "resumed")  # space is back
 
 
 def read_only(work: Path, base: Path) -> Outcome:
@@ -280,10 +284,7 @@ def read_only(work: Path, base: Path) -> Outcome:
                 p.chmod(p.stat().st_mode | 0o200)
     if not (proc.returncode == 74 and "read-only" in proc.stderr and "Traceback" not in proc.stderr):
         return Outcome("read-only run directory", "FAILED", note=f"exit {proc.returncode}: {proc.stderr[-300:]}")
-    out = way_out("read-only run directory", run, before)
-    stop = f"exit 74 ({proc.stderr.strip()[9:80]}...)"
-    out.note = f"{stop}, then: {out.note}" if out.how == "FAILED" else f"{stop}, then resumed writable"
-    return out
+    return after_stop(way_out("read-only run directory", run, before), proc, "resumed writable")
 
 
 def bad_budgets(work: Path, base: Path) -> list[Outcome]:

@@ -236,21 +236,20 @@ class Judge:
             check_burst_timings(timed, prints, untimed, len(seeds), where)
             device = [us for us, _, _, _ in timed]
             # time_bound.py; a burst that read 0 us throughout is judged on its host times, as it is reported
+            spans, cal, limited = time_bound.call_spans_us(stamps), self.calibration(name), self.power_limited[name]
             reported = honest_times(device, [h for *_, h in timed])[0]
-            lie, bound = self.bound(name, stamps, reported)
-            verdict, why = clock.verdict(lie, reported, self.calibration(name), f"{first + 1}-{made}")
+            verdict, why = clock.judge(spans, reported, cal, limited, f"{first + 1}-{made}")
+            bound = time_bound.trace_figures(spans, cal, limited)
             if verdict == "fail":
                 self.timing_trace.write("candidate", name, first, timed, dropped=True, bound=bound)
                 raise Failure("suspicious", f"{where}s {first + 1}-{made}: {why}: its timer was tampered with")
-            if verdict == "drop":
-                notes.append(f"{name}: {why}")
-            else:
+            if verdict == "keep":
                 verdict = side.verdict(device, [tail - probe for _, tail, probe, _ in timed])
             self.timing_trace.write("candidate", name, first, timed, dropped=verdict == "drop", bound=bound)
             if verdict == "drop":
-                if not why:
-                    notes.append(f"{name}: calls {first + 1}-{made} left {side.extra_us:.0f} us of device work past "
-                                 "their end event on average (work on another stream?); dropped and timed again")
+                notes.append(f"{name}: {why}" if why else f"{name}: calls {first + 1}-{made} left {side.extra_us:.0f} "
+                             "us of device work past their end event on average (work on another stream?); dropped "
+                             "and timed again")
             else:
                 times += device
                 tails += [tail for _, tail, _, _ in timed]
@@ -295,15 +294,6 @@ class Judge:
             notes.append(f"{name}: every timed call read 0 us of device time (no work between its events: a view "
                          "returned, or the work done on the host); timed by the host clock around each call instead")
         return times, notes
-
-    def bound(self, name: str, stamps: list[tuple], device: list[float]) -> tuple[str | None, dict | None]:
-        """time_bound.py's check of one burst of the candidate's: (why the judge's clock between its requests
-        (``stamps``) leaves more device time than it reported, or None; the figures for the trace)."""
-        spans, cal = time_bound.call_spans_us(stamps), self.calibration(name)
-        lie = time_bound.contradiction(spans, device, cal, self.power_limited[name])
-        return lie, cal and {"spans_us": spans, "overhead_us": cal.overhead_us, "noise_us": cal.noise_us,
-                             "rel_slack": cal.rel_slack, "quantile": cal.quantile,
-                             "overhead_slack": cal.overhead_slack, "limited": self.power_limited[name]}
 
     def calibration(self, name: str) -> time_bound.Calibration | None:
         """time_bound.py's calibration for a workload: the reference's per-call overheads, plus what only the

@@ -160,6 +160,13 @@ def contradiction(spans_us: list[float], reported_us: list[float], cal: Calibrat
     return None
 
 
+def trace_figures(spans_us: list[float], cal: Calibration | None, limited: bool) -> dict | None:
+    """A burst's figures for the timing trace (its key ``bound``; tools/forgery_check.py reads them back)."""
+    return cal and {"spans_us": spans_us, "overhead_us": cal.overhead_us, "noise_us": cal.noise_us,
+                    "rel_slack": cal.rel_slack, "quantile": cal.quantile, "overhead_slack": cal.overhead_slack,
+                    "limited": limited}
+
+
 class ContradictionRule:
     """Per workload: the first burst the judge's clock contradicts is dropped and timed again (a host busy through
     one burst slows it once). A forged clock then lies again (contradicted a second time), or backs off: the burst
@@ -170,6 +177,11 @@ class ContradictionRule:
         self.dropped = ""  # the dropped burst's calls ("4-9"), once one was dropped
         self.dropped_said_us = 0.0  # its median reported time
         self.next_judged = False
+
+    def judge(self, spans_us: list[float], reported_us: list[float], cal: Calibration | None, limited: bool,
+              calls: str) -> tuple[str, str]:
+        """``verdict`` on one burst of the candidate's (``spans_us``: the judge's interval per call)."""
+        return self.verdict(contradiction(spans_us, reported_us, cal, limited), reported_us, cal, calls)
 
     def verdict(self, lie: str | None, reported_us: list[float], cal: Calibration | None,
                 calls: str) -> tuple[str, str]:
