@@ -335,10 +335,22 @@ def cmd_resume(args) -> int:
             print(f"budget raised to {target} iterations; the finished run continues")
     if is_finished(run):
         getattr(evaluator, "close", lambda: None)()
+        _mark_finished(run)
         print(f"{run.path}: the run is finished (continue it with --more N, N more iterations)")
         return 0
     return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer, evaluator=evaluator,
                   allow_gpu_change=args.allow_gpu_change)
+
+
+def _mark_finished(run: RunDir) -> None:
+    """The checkpoint says finished; the store's status may not, where a run stopped (a full disk) between
+    finalize's status write and its end: the status follows the checkpoint."""
+    store = run.store()
+    try:
+        if store.get_meta("status") != "finished":
+            store.set_meta("status", "finished")
+    finally:
+        store.close()
 
 
 def _checked_pool(run: RunDir, args):
