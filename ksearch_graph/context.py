@@ -42,7 +42,8 @@ class SearchContext:
             from .gpu_record import recorded_model
             from .speed_of_light import SpeedOfLight, run_work
 
-            self._speed_of_light = SpeedOfLight(recorded_model(self.store), run_work(self.store, self.task, save=True))
+            self._speed_of_light = SpeedOfLight(recorded_model(self.store),
+                                                lambda: run_work(self.store, self.task, save=True))
         return self._speed_of_light
 
     def budget_stop_reason(self, iterations_done: int) -> str | None:

@@ -151,13 +151,24 @@ def _task_pieces(task: Task, budget: PromptBudget, analysis: str = "") -> dict[s
             "analysis": min(len(analysis), _COMPACT_ANALYSIS_CHARS) if budget.compact else len(analysis)}
 
 
-def _task_fields(task: Task, limits: dict[str, int], sol: SpeedOfLight | None, analysis: str = "") -> dict:
+def _task_fields(task: Task, limits: dict[str, int], sol: SpeedOfLight | None, analysis: str = "",
+                 seed: str = "") -> dict:
     """The prompt's stable head (prompt_parts.task_block), and the old templates' fields for custom prompt folders."""
     spec = compact_spec(task.spec_text, limits["spec"])
     reference = _clip(task.reference_source, limits["reference"])
-    block = task_block(task, spec=spec, reference=reference, sol=sol, analysis=_clip(analysis, limits["analysis"]))
+    block = task_block(task, spec=spec, reference=reference, sol=sol, seed=seed,
+                       analysis=_clip(analysis, limits["analysis"]))
     return {"task_block": block, "task_name": task.name, "language": task.spec.language, "task_spec": spec,
-            "task_summary": spec, "reference": reference}
+            "task_summary": spec, "reference": reference, "seed_section": seed}
+
+
+def _seed_section(task: Task, wm: WorldModel, limit: int) -> str:
+    """The planner's view of the root's code: the seed and its measured score (fixed for the run)."""
+    if not task.seed_source or not limit:
+        return ""
+    root = wm.nodes["root"].attachment
+    measured = f" (measured: score {root.score:.4g}x vs. the reference)" if root else ""
+    return f"# Seed solution, attached to the root{measured}\n```python\n{_clip(task.seed_source, limit)}\n```\n"
 
 
 def _attempt_lines(attempts: list[dict]) -> str:
@@ -202,18 +213,17 @@ class LLMPlanner:
         return script, _usage(ledger, client)
 
     def initial(self, task: Task, wm: WorldModel, *, errors: list[str], sol: SpeedOfLight | None = None):
-        root = wm.nodes["root"].attachment
-        measured = f" (measured: score {root.score:.4g}x vs. the reference)" if root else ""
-        budget = self.budget
-
         def build(limits):
-            seed = ""
-            if task.seed_source and limits["seed"]:
-                seed = f"\n# Seed solution, attached to the root{measured}\n```python\n{_clip(task.seed_source, limits['seed'])}\n```\n"
-            return prompt("init_world_model", **_task_fields(task, limits, sol), seed_section=seed,
+            return prompt("init_world_model", **self._fields(task, wm, limits, sol, analysis=""),
                           errors_section=_errors_section(errors))
 
-        return self._ask(build, {**_task_pieces(task, budget), "seed": len(task.seed_source or "")}, InitScript)
+        return self._ask(build, self._pieces(task, ""), InitScript)
+
+    def _fields(self, task: Task, wm: WorldModel, limits: dict[str, int], sol, *, analysis: str) -> dict:
+        return _task_fields(task, limits, sol, analysis, _seed_section(task, wm, limits["seed"]))
+
+    def _pieces(self, task: Task, analysis: str, **more: int) -> dict[str, int]:
+        return {**_task_pieces(task, self.budget, analysis), "seed": len(task.seed_source or ""), **more}
 
     def after_cycle(self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str],
                     sol: SpeedOfLight | None = None):
@@ -269,10 +279,11 @@ class LLMPlanner:
 
         def build(limits):
             view = render(wm, budget_chars=limits["world_model"]) if limits["world_model"] else ""
-            return prompt("refill_world_model", **_task_fields(task, limits, sol, wm.analysis), world_model=view,
-                          best_section=best_section, frontier_state=state, errors_section=_errors_section(errors))
+            return prompt("refill_world_model", **self._fields(task, wm, limits, sol, analysis=wm.analysis),
+                          world_model=view, best_section=best_section, frontier_state=state,
+                          errors_section=_errors_section(errors))
 
-        return self._ask(build, {**_task_pieces(task, budget, wm.analysis), "world_model": render_chars})
+        return self._ask(build, self._pieces(task, wm.analysis, world_model=render_chars))
 
     def _update(self, task, wm, evidence, observed, performance, outcome, outcome_chars, instructions, errors, sol):
         action = wm.nodes[evidence.node_id].action
@@ -285,15 +296,14 @@ class LLMPlanner:
             # The world model is cut by re-rendering it with a smaller budget: whole nodes, never half a line.
             view = render(wm, budget_chars=limits["world_model"], focus=evidence.node_id) if limits["world_model"] else ""
             return prompt(
-                "update_world_model", **_task_fields(task, limits, sol, wm.analysis), world_model=view,
+                "update_world_model", **self._fields(task, wm, limits, sol, analysis=wm.analysis), world_model=view,
                 node_id=evidence.node_id, action_title=action.title, action_description=action.description,
                 predicted_gain=action.predicted_gain, observed=observed, attempts=_attempt_lines(evidence.attempts),
                 performance_section=performance, outcome_section=outcome(limits), instructions=instructions,
                 frontier_note=note, errors_section=_errors_section(errors),
             )
 
-        return self._ask(build, {**_task_pieces(task, budget, wm.analysis), "world_model": render_chars,
-                                 "outcome": outcome_chars})
+        return self._ask(build, self._pieces(task, wm.analysis, world_model=render_chars, outcome=outcome_chars))
 
 
 _FORMAT_RULES = {

@@ -53,13 +53,17 @@ def headline(log: str | None) -> str:
 # ------------------------------------------------------------------------------------------------ the task block
 
 
-def task_block(task: Task, *, spec: str, reference: str, sol: SpeedOfLight | None, analysis: str = "") -> str:
-    """The stable head of every prompt of a run: task, reference, GPU and floors, analysis."""
+def task_block(task: Task, *, spec: str, reference: str, sol: SpeedOfLight | None, seed: str = "",
+               analysis: str = "") -> str:
+    """The stable head of every prompt of a run: task, reference, GPU and floors, (for the planner) the seed,
+    analysis."""
     parts = [f"# Task: {task.name} ({task.spec.language})\n{spec.rstrip()}\n",
              "# Reference implementation (correct, slow; the score is its latency divided by yours)\n"
              f"```python\n{reference.rstrip()}\n```\n"]
     if sol is not None:
         parts.append(gpu_section(task, sol))
+    if seed:
+        parts.append(seed)
     if analysis:
         parts.append(f"# The planner's analysis of the task (written at initialisation)\n{analysis.rstrip()}\n")
     return "\n".join(parts)

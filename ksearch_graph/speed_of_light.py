@@ -17,9 +17,10 @@ Where the work comes from, first found wins (docs/speed-of-light.md):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .evaluation import EvalResult
 from .gpu_specs import COMPUTE_KINDS, GpuSpec, gpu_spec
@@ -223,14 +224,18 @@ def device_of(result: EvalResult) -> str | None:
     return env.get("gpu") or (env.get("gpu_model") if env.get("gpu_model") != "cpu" else None)
 
 
-def fractions(result: EvalResult, work: dict[str, Work | str]) -> Fractions | None:
+WorkSource = dict[str, Work | str] | Callable[[], dict[str, Work | str]]  # the work, or what works it out
+
+
+def fractions(result: EvalResult, work: WorkSource) -> Fractions | None:
     """The attempt's fraction of the floor, on the GPU it was measured on; None without GPU timings, a known GPU or
-    a known work."""
+    a known work. ``work`` may be a function, called only when there is a floor to compute (it imports torch)."""
     if not result.passed or not result.timing_representative:
         return None
-    name = device_of(result)
-    spec = gpu_spec(name)
-    by_name = floors(work, spec)
+    spec = gpu_spec(device_of(result))
+    if spec is None:
+        return None
+    by_name = floors(work() if callable(work) else work, spec)
     per, floor_us = {}, {}
     for w in result.workloads:
         f = by_name.get(w.workload)
@@ -264,13 +269,13 @@ def fmt_percent(fraction: float | None) -> str:
     return "–" if fraction is None else f"{100 * fraction:.3g}%"
 
 
-def summary_line(fr: Fractions | None) -> str:
-    """One line for `ksearch show` and the report."""
-    if fr is None:
+def sol_summary(fr: dict | None) -> str:
+    """One line for `ksearch show` and the report, from ``Fractions.as_dict()``."""
+    if not fr:
         return ""
-    text = f"{fmt_percent(fr.fraction)} of the speed-of-light floor on {fr.gpu} (geometric mean over workloads)"
-    if fr.implausible:
-        text += f"; IMPLAUSIBLE: faster than the floor on {', '.join(fr.implausible)}"
+    text = f"{fmt_percent(fr['fraction'])} of the speed-of-light floor on {fr['gpu']} (geometric mean over workloads)"
+    if fr["implausible"]:
+        text += f"; IMPLAUSIBLE: faster than the floor on {', '.join(fr['implausible'])}"
     return text
 
 
@@ -280,12 +285,19 @@ def summary_line(fr: Fractions | None) -> str:
 WORK_META = "workload_work"  # the store's meta key: the task's work, computed once per run
 
 
-@dataclass(frozen=True)
 class SpeedOfLight:
-    """What a run knows about its hardware and its workloads' work: the prompts' GPU facts and every floor."""
+    """What a run knows about its hardware and its workloads' work: the prompts' GPU facts and every floor.
 
-    device: str | None  # the GPU's name as the run recorded it; None or "cpu" without a GPU
-    work: dict[str, Work | str]
+    ``device``: the GPU's name as the run recorded it (None or "cpu" without one). ``work``: the work, or a function
+    that works it out, called the first time it is needed."""
+
+    def __init__(self, device: str | None, work: WorkSource):
+        self.device = device
+        self._work = work
+
+    @functools.cached_property
+    def work(self) -> dict[str, Work | str]:
+        return self._work() if callable(self._work) else self._work
 
     @property
     def gpu(self) -> GpuSpec | None:
@@ -295,7 +307,7 @@ class SpeedOfLight:
         return floors(self.work, self.gpu)
 
     def fractions(self, result: EvalResult) -> Fractions | None:
-        return fractions(result, self.work)
+        return fractions(result, lambda: self.work)
 
 
 def run_work(store, task: Task, *, save: bool) -> dict[str, Work | str]:
@@ -307,3 +319,10 @@ def run_work(store, task: Task, *, save: bool) -> dict[str, Work | str]:
     if save:
         store.set_meta(WORK_META, work_to_json(work))
     return work
+
+
+def row_fractions(row: dict | None, work: WorkSource) -> Fractions | None:
+    """The fraction of the floor of a stored attempt (a store row)."""
+    if not row or not row.get("result"):
+        return None
+    return fractions(EvalResult.model_validate_json(row["result"]), work)

@@ -443,9 +443,8 @@ def render(wm: WorldModel, *, budget_chars: int = 6000, focus: str | None = None
 
     The whole frontier is always shown (the planner re-scores it): at the richest detail that fits in two thirds of
     the budget, bare (title and numbers) if none does, even past the budget. The other nodes fill what is left in
-    order of usefulness (root, the focus node's path, closed nodes by score, the rest); lines go out in that order
-    with the frontier, by V, after the root and the focus path. A view that drops nodes says how many in its last
-    line. No JSON is ever cut mid-structure.
+    order of usefulness (the focus node's path, closed nodes by score, the rest). A view that drops nodes says how
+    many in its last line. No JSON is ever cut mid-structure.
     """
     frontier = [n.id for n in sorted(wm.frontier(), key=lambda n: (-n.action.value, n.id))]
     head = [ROOT] + ([n.id for n in wm.path(focus)] if focus and focus in wm.nodes else [])
@@ -457,7 +456,11 @@ def render(wm: WorldModel, *, budget_chars: int = 6000, focus: str | None = None
     def line(nid: str, detail: str = "full") -> str:
         return json.dumps(_compact(wm.nodes[nid], detail), separators=(",", ":"), ensure_ascii=False)
 
-    every = {nid: line(nid) for nid in order}
+    # Lines go out in an order that changes little from one update to the next (a stable prompt prefix): the root,
+    # closed nodes by id (their lines rarely change), the frontier by V, the rest by id.
+    out_order = list(dict.fromkeys([ROOT] + sorted(closed, key=_id_order) + frontier
+                                   + sorted(wm.nodes, key=_id_order)))
+    every = {nid: line(nid) for nid in out_order}
     if sum(len(text) + 1 for text in every.values()) - 1 <= budget_chars:
         return "\n".join(every.values())
     trailer = len(f"... {len(wm.nodes)} more nodes not shown (lower priority)")
@@ -472,11 +475,16 @@ def render(wm: WorldModel, *, budget_chars: int = 6000, focus: str | None = None
         if nid not in mandatory and used + len(every[nid]) + 1 <= budget_chars:
             shown[nid] = every[nid]
             used += len(every[nid]) + 1
-    lines = [shown[nid] for nid in order if nid in shown]
+    lines = [shown[nid] for nid in out_order if nid in shown]
     omitted = len(wm.nodes) - len(lines)
     if omitted:
         lines.append(f"... {omitted} more nodes not shown (lower priority)")
     return "\n".join(lines)
+
+
+def _id_order(nid: str) -> tuple[int, str]:
+    """n2 before n10; the root and odd ids first."""
+    return (int(nid[1:]), nid) if nid[1:].isdigit() else (-1, nid)
 
 
 def _compact(node: Node, detail: str = "full") -> dict:
