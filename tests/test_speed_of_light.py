@@ -140,3 +140,19 @@ def test_a_reference_that_needs_data_gives_a_reason_not_a_crash(tmp_path):
     (task_dir / "reference.py").write_text(source)
     work = task_work(load_task(task_dir))
     assert all(isinstance(w, str) and "declare the work" in w for w in work.values())
+
+
+def test_sol_check_agrees_with_the_hand_calculation_without_a_gpu(tmp_path):
+    """tools/sol_check.py in its degraded mode (no GPU): every GQA and TriMul floor worked out by hand equals
+    ksearch's; on a CUDA host the same command also measures the seeds (the lead's GPU check)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "sol.json"
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "sol_check.py"), "--no-evaluate", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data["agree"] and len(data["rows"]) == 14 + 7
+    row = next(r for r in data["rows"] if r["workload"] == "b1_len16384")
+    assert row["bytes"] == 33_636_488 and row["floor_us"] == pytest.approx(10.041, abs=1e-3)
