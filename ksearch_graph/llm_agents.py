@@ -4,10 +4,15 @@ The planner returns edit scripts (structured output, validated with pydantic, re
 the coder returns source files extracted from fenced code blocks. Token usage of every call,
 repairs included, comes back as ``Usage`` for the run's ledger.
 
+Every prompt starts with the run's task block (prompt_parts.task_block: spec, reference, GPU and floors, the
+planner's analysis), the same text in every call of a role, and puts what changes after it, so providers' prompt
+caches can reuse the block (docs/llm.md). Each call's requests and raw answers come back in ``Usage.transcript``.
+
 When the model's context is known (``LLMSettings.context_tokens``), every prompt is fitted into it:
 the long parts (spec, reference, code, logs, world-model view) are cut, largest first, until the
 estimated prompt plus the answer's token limit fits. A small context (a small local model) also
-selects compact prompts from the start: a shorter spec excerpt, world-model view and logs.
+selects compact prompts from the start: a spec cut to a form that keeps every section, a shorter
+world-model view and logs.
 """
 
 from __future__ import annotations
@@ -26,14 +31,13 @@ from pydantic import Field
 
 from .agents import CodeAnswer, CodeRequest, Evidence, PlannerOutputError, Usage
 from .config import SearchConfig
+from .evaluation import EvalResult
 from .llm import (CodeExtractionError, LLMClient, LLMConfigError, LLMSettings, StructuredOutputError, TokenLedger,
                   extract_code, make_chat_model)
-from .task import Task
-
-from .evaluation import EvalResult
 from .policy import WEAK_VALUE, weak_frontier
 from .prompt_parts import compact_spec, headline, history_section, performance_table, task_block
 from .speed_of_light import SpeedOfLight
+from .task import Task
 from .world_model import MAX_INIT_NODES, EditScript, InsertOp, WorldModel, render
 
 _LOG_CHARS = 3000  # of a failure log in the planner's too-hard prompt

@@ -96,11 +96,19 @@ def gpu_section(task: Task, sol: SpeedOfLight) -> str:
         f = floors.get(w.name)
         rows.append([w.name, fmt_bytes(work.bytes), fmt_flops(work.flops), work.compute]
                     + ([f"{f.floor_us:.4g}", f.bound] if f else (["-", "-"] if floors else [])))
-    notes = sorted({w.note for w in sol.work.values() if isinstance(w, Work) and w.note and "fewest" in w.note})
     if len(rows) > 1:
         lines.append(table(rows))
-    lines += [f"(work: {note})" for note in notes[:1]]
+    shown = [sol.work.get(row[0]) for row in rows[1:]]
+    sources = sorted({_SOURCES.get(w.source, w.source) for w in shown if isinstance(w, Work)})
+    if sources:
+        lines.append(f"(work {'; '.join(sources)})")
+    lines += [f"- {row[0]}: {w.note}" for row, w in zip(rows[1:], shown)
+              if isinstance(w, Work) and w.note and w.source != "derived from the reference"]
     return "\n".join(lines) + "\n"
+
+
+_SOURCES = {"task.json": "declared in task.json", "reference speed_of_light()": "from the reference's speed_of_light()",
+            "derived from the reference": "derived from the reference: every input read once, every output written once"}
 
 
 def table(rows: list[list[str]]) -> str:

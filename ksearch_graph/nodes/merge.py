@@ -13,8 +13,8 @@ from langgraph.runtime import Runtime
 from ..agents import Evidence, PlannerOutputError, Usage
 from ..context import SearchContext
 from ..evaluation import EvalResult
-from ..store import attempt_summary
 from ..events import CycleOrphanedEvent, EditRejectedEvent, NewBestEvent, WorldModelEvent
+from ..store import attempt_summary
 from ..world_model import (Attachment, EditRejected, EditScript, WorldModel, apply_edits, close_node,
                            ensure_continuation, record_visit)
 from ._common import emit
