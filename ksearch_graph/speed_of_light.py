@@ -142,7 +142,7 @@ def _derived(module, task: Task, params: dict) -> Work:
     errors = []
     for mode, device in ((FakeTensorMode, "cpu"), (None, "meta")):
         try:
-            with mode() if mode else _nothing():
+            with _quiet_torch(), mode() if mode else _nothing():
                 inputs = module.make_inputs(dict(params), 0, device)
                 with FlopCounterMode(display=False) as counter:
                     if task.spec.entry_kind == "module":
@@ -160,6 +160,25 @@ def _derived(module, task: Task, params: dict) -> Work:
             errors.append(f"{device}: {type(e).__name__}")
     raise WorkError("the reference cannot run without data (" + ", ".join(errors) + "); declare the work in "
                     "task.json or define speed_of_light(params) in the reference file")
+
+
+class _quiet_torch:
+    """Torch logs every operator a fake tensor cannot run as an error; here that only means "try the next way"."""
+
+    NAMES = ("torch._subclasses.fake_tensor", "torch._subclasses", "torch.fx")
+
+    def __enter__(self):
+        import logging
+
+        self.saved = [(logging.getLogger(n), logging.getLogger(n).level) for n in self.NAMES]
+        for logger, _ in self.saved:
+            logger.setLevel(logging.CRITICAL)
+        return self
+
+    def __exit__(self, *exc):
+        for logger, level in self.saved:
+            logger.setLevel(level)
+        return False
 
 
 class _nothing:

@@ -156,3 +156,17 @@ def test_sol_check_agrees_with_the_hand_calculation_without_a_gpu(tmp_path):
     assert data["agree"] and len(data["rows"]) == 14 + 7
     row = next(r for r in data["rows"] if r["workload"] == "b1_len16384")
     assert row["bytes"] == 33_636_488 and row["floor_us"] == pytest.approx(10.041, abs=1e-3)
+
+
+def test_work_is_derived_for_kernelbench_and_flashinfer_trace_tasks(tmp_path, capfd):
+    """Module tasks (KernelBench) and FlashInfer-Trace definitions get their work derived, quietly."""
+    from ksearch_graph.flashinfer_trace_task import materialise_definition
+    from ksearch_graph.kernelbench import materialise_problem
+
+    data = REPO / "tests" / "data"
+    kb = task_work(load_task(materialise_problem(data / "kernelbench" / "1_Linear_ReLU.py", tmp_path / "kb")))
+    assert all(isinstance(w, Work) and w.bytes > 0 and w.flops > 0 for w in kb.values())
+    fi = task_work(load_task(materialise_definition(
+        data / "flashinfer_trace" / "definitions" / "rmsnorm" / "rmsnorm_h64.json", tmp_path / "fi")))
+    assert fi and all(isinstance(w, Work) and w.bytes > 0 for w in fi.values())
+    assert "fake_tensor" not in capfd.readouterr().err  # torch's logs of the first way tried are kept quiet
