@@ -66,9 +66,9 @@ def build_torch_extension(root: str, cache: str, entry_point: str):
     try:
         module = cpp_extension.load(name=name, sources=sources, extra_include_paths=[src], build_directory=build,
                                     extra_cuda_cflags=["-O3", "--use_fast_math"], verbose=False)
-    except Exception as e:  # the compiler's own output is in the message; keep its errors, not its command lines
-        lines = [line for line in str(e).splitlines() if "error" in line.lower() or "undefined" in line.lower()]
-        raise Failure("compile_error", clip("\n".join(lines[-20:]) or str(e))) from None
+    except Exception as e:  # the compiler's own output is in the message; keep its first errors and their source
+        from .build_errors import build_error_excerpt
+        raise Failure("compile_error", clip(build_error_excerpt(str(e)) or str(e))) from None
     fn = getattr(module, entry_point, None)
     if fn is None:
         raise Failure("compile_error", f"the extension built, but main.cpp binds no function {entry_point}")
