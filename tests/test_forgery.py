@@ -30,21 +30,18 @@ CHEATS = Path(__file__).resolve().parent / "cheats"
 # What each cheat must be caught by, as the log names it: audit.py's block or integrity.py's change.
 BLOCKED, CHANGED = "reached for the harness's own objects", "changed the harness's own objects"
 BOUND = "the judge's clock"  # harness/time_bound.py: what an attacker that blinds the in-process guards meets
+SCHEMA = "the protocol does not allow"  # harness/wire.py: a forged clock that sent a negative time
 FORGERIES = {
     "forge_gc_class": BLOCKED, "forge_gc_scan": BLOCKED, "forge_thread_frames": BLOCKED,
     "forge_getframe_depth": BLOCKED, "forge_code": BLOCKED, "forge_ctypes": BLOCKED, "forge_object_walk": BLOCKED,
     "forge_trace_locals": BLOCKED, "forge_profile_locals": BLOCKED,
-    "forge_frames": CHANGED, "forge_traceback": CHANGED, "forge_runner_class": CHANGED, "forge_cell": CHANGED,
+    "forge_frames": (CHANGED, SCHEMA), "forge_traceback": (CHANGED, SCHEMA), "forge_runner_class": CHANGED,
+    "forge_cell": CHANGED,
     "forge_patch_restore": CHANGED, "forge_self_restoring": CHANGED,
     "forge_message": CHANGED, "forge_blind_guard": BOUND,
 }
 # Forgeries that only a GPU timer meets (on CPU they are honest): the judge's clock must catch them there.
 GPU_FORGERIES = {"forge_rerecord_event": BOUND}
-# Not caught on the H200 (2026-12-05, BENCHMARKS.md): each timed call of this task spends ~5 ms (~3 ms spread) on
-# CPU input generation and the integrity check, far above its 0.01-0.3 ms calls, so the judge's clock misses
-# 10-30x lies there (docs/threat-model.md). Strict: a bound that starts catching them fails this until removed.
-GPU_NOT_CAUGHT = {name: "the judge's slack on this task's short GPU calls is wider than the lie"
-                  for name in ("forge_blind_guard", "forge_rerecord_event")}
 GPU_PARAMS = {"square": {"m": 2048, "k": 2048, "n": 2048}, "skinny": {"m": 16, "k": 4096, "n": 2048}}
 
 
@@ -98,15 +95,14 @@ def test_forging_the_timer_is_suspicious(results, name):
         pytest.skip("on a GPU host the GPU variant below judges these")
     r = results[name]
     assert r.status == Status.suspicious and r.score == 0, show(r)
-    assert FORGERIES[name] in r.log_excerpt, show(r)
+    caught_by = FORGERIES[name] if isinstance(FORGERIES[name], tuple) else (FORGERIES[name],)
+    assert any(c in r.log_excerpt for c in caught_by), show(r)
     if FORGERIES[name] == BOUND:  # the judge times a contradicted burst again once: a forged clock lies again
         assert "timed before them" in r.log_excerpt, show(r)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=GPU_NOT_CAUGHT[n])) if n in GPU_NOT_CAUGHT else n
-    for n in sorted(FORGERIES | GPU_FORGERIES)])
+@pytest.mark.parametrize("name", sorted(FORGERIES | GPU_FORGERIES))
 def test_forging_the_timer_is_suspicious_on_a_gpu(results, name):
     """The same cheats where the timer reads CUDA events: on the GPU host, ``pytest -m gpu tests/test_forgery.py``."""
     assert _cuda(), "needs a CUDA GPU"

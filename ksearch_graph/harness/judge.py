@@ -368,9 +368,11 @@ class Judge:
             for w in timed:
                 self.time_reference(w)
             for w in timed:
+                progress(f"calibrating the judge's clock on {w['name']}")
                 self.calibrate(w)
 
         t0 = time.perf_counter()
+        progress("importing the candidate")
         compile_s = runner.request(Load(), args.compile_timeout_s, "compiling (importing) the candidate",
                                    expect=Imported).compile_s
         self.phases["waiting_for_compile"] = time.perf_counter() - t0

@@ -28,11 +28,14 @@ def aligned(n: int, to: int = ALIGN) -> int:
 
 class Region:
     """``nbytes`` of memory both processes see, as one uint8 tensor (``bytes``); ``fd`` lends it. Made by the judge
-    (``Region.make``) or taken from a descriptor it was lent (``Region.take``)."""
+    (``Region.make``) or taken from a descriptor it was lent (``Region.take``).
 
-    def __init__(self, nbytes: int, device: str, fd: int, keep, buffer):
+    The mapping lives as long as any tensor viewing it (the tensors hold what backs them): ``close`` lets go of the
+    region, and a candidate that kept a view of its inputs past its call reads memory that is still there, never a
+    hole that would crash its process."""
+
+    def __init__(self, nbytes: int, device: str, fd: int, buffer):
         self.nbytes, self.device, self.fd = nbytes, device, fd
-        self._keep = keep  # what backs ``bytes`` (the mmap, or the VMM mapping), released by ``close``
         self.bytes = buffer
 
     @classmethod
@@ -64,10 +67,7 @@ class Region:
         return flat.as_strided(shape, strides)
 
     def close(self) -> None:
-        if self._keep is not None:
-            self.bytes = None
-            self._keep.close()
-            self._keep = None
+        self.bytes = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -85,17 +85,6 @@ def span_elements(shape: tuple, strides: tuple | None) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(shape, strides))
 
 
-class _Mapped:
-    def __init__(self, mapping: mmap.mmap):
-        self.mapping = mapping
-
-    def close(self) -> None:
-        try:
-            self.mapping.close()
-        except BufferError:  # a tensor still views it: the mapping goes with the process
-            pass
-
-
 def _cpu_region(nbytes: int, fd: int) -> Region:
     torch = load_torch()
     if os.fstat(fd).st_size < nbytes:
@@ -106,7 +95,7 @@ def _cpu_region(nbytes: int, fd: int) -> Region:
     with warnings.catch_warnings():  # frombuffer warns about sharing memory it does not own: that is the point here
         warnings.simplefilter("ignore")
         buffer = torch.frombuffer(mapping, dtype=torch.uint8)
-    return Region(nbytes, "cpu", fd, _Mapped(mapping), buffer)
+    return Region(nbytes, "cpu", fd, buffer)  # the tensor holds the mmap: unmapped with its last view
 
 
 # --- GPU: CUDA's virtual memory management API, through the driver library torch already loaded -------------------
@@ -171,31 +160,25 @@ def _check(code: int, what: str) -> None:
         raise RuntimeError(f"{what} failed (CUDA driver error {code})")
 
 
-class _VmmMapping:
-    """One VMM allocation mapped into this process: released (unmapped, address range freed, handle released) by
-    ``close``."""
+class _DeviceBytes:
+    """One VMM allocation mapped into this process, as torch.as_tensor reads it (the CUDA array interface). The
+    tensors over it hold it; when the last one goes, the range is unmapped and the handle released (after the
+    device is idle: no kernel may still use it)."""
 
     def __init__(self, handle: int, ptr: int, nbytes: int):
         self.handle, self.ptr, self.nbytes = handle, ptr, nbytes
-        self.owner = None  # the __cuda_array_interface__ object torch keeps alive through the tensor
-
-    def close(self) -> None:
-        if self.handle is None:
-            return
-        load_torch().cuda.synchronize()  # no kernel may still use the range
-        lib = _cuda()
-        lib.cuMemUnmap(self.ptr, self.nbytes)
-        lib.cuMemAddressFree(self.ptr, self.nbytes)
-        lib.cuMemRelease(self.handle)
-        self.handle = None
-
-
-class _DeviceBytes:
-    """What torch.as_tensor reads a device pointer from (the CUDA array interface)."""
-
-    def __init__(self, ptr: int, nbytes: int):
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
                                          "version": 3, "strides": None, "stream": None}
+
+    def __del__(self):
+        try:
+            load_torch().cuda.synchronize()
+            lib = _cuda()
+            lib.cuMemUnmap(self.ptr, self.nbytes)
+            lib.cuMemAddressFree(self.ptr, self.nbytes)
+            lib.cuMemRelease(self.handle)
+        except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone; the process ends anyway
+            pass
 
 
 def _vmm_region(nbytes: int, fd: int | None) -> Region:
@@ -234,7 +217,5 @@ def _vmm_region(nbytes: int, fd: int | None) -> Region:
         lib.cuMemRelease(handle.value)
         os.close(fd)
         raise
-    mapping = _VmmMapping(handle.value, ptr.value, size)
-    mapping.owner = _DeviceBytes(ptr.value, size)
-    buffer = torch.as_tensor(mapping.owner, device="cuda")
-    return Region(size, "cuda", fd, mapping, buffer)
+    buffer = torch.as_tensor(_DeviceBytes(handle.value, ptr.value, size), device="cuda")
+    return Region(size, "cuda", fd, buffer)

@@ -2,8 +2,9 @@
 
 How it cheats: it has read the harness's source. Walking up from its own frame (no audit event) it finds the
 integrity check's snapshot (held by the runner's ``guards``, a forgery.Guards) and writes its forged clock into the
-snapshot itself, so the check compares the forgery with the forgery; then it makes the timer's clocks read a thousandth of the time. Its
-call is honest but slow (80 ms of waiting on top of the matmul), so the lie is gross: ~80 us reported for ~80 ms.
+snapshot itself, so the check compares the forgery with the forgery; then it makes the timer's clocks read a
+thousandth of the time (from the moment it forged them, so no reading goes backwards). Its call is honest but slow
+(80 ms of busy work on top of the matmul), so the lie is gross: ~80 us reported for ~80 ms.
 Expected: suspicious, by the judge's own clock (harness/time_bound.py): the process that reports the times cannot
 shorten the judge's interval around each call.
 """
@@ -21,17 +22,20 @@ _done = []
 def _blind_and_forge(frame):
     timer = snapshot = None
     while frame is not None:
-        for value in list(frame.f_locals.values()):
-            if hasattr(value, "perf") and hasattr(value, "heat"):
-                timer = value
-            # forgery.Guards: its integrity check's guard holds the snapshot (``kept``: label, live namespace, before)
-            kept = getattr(getattr(getattr(value, "integrity", None), "integrity", None), "kept", None)
-            if isinstance(kept, list):
-                snapshot = kept
+        for local in list(frame.f_locals.values()):
+            for value in (local, getattr(local, "timer", None), getattr(local, "guards", None)):
+                if hasattr(value, "perf") and hasattr(value, "heat"):
+                    timer = value
+                # forgery.Guards: its integrity check's guard holds the snapshot (``kept``: label, live namespace,
+                # before)
+                kept = getattr(getattr(getattr(value, "integrity", None), "integrity", None), "kept", None)
+                if isinstance(kept, list):
+                    snapshot = kept
         frame = frame.f_back
     if timer is None or snapshot is None:
         return
-    fakes = {"perf": (lambda real: lambda: real() * SCALE)(timer.perf)}
+    anchor = timer.perf()
+    fakes = {"perf": (lambda real: lambda: anchor + (real() - anchor) * SCALE)(timer.perf)}
     if getattr(timer, "elapsed", None) is not None:
         fakes["elapsed"] = (lambda real: lambda a, b: real(a, b) * SCALE)(timer.elapsed)
     namespace = vars(timer)
@@ -46,5 +50,7 @@ def _blind_and_forge(frame):
 def kernel(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if not _done:
         _blind_and_forge(sys._getframe(0))
-    time.sleep(WAIT_S)
+    end = time.perf_counter() + WAIT_S
+    while time.perf_counter() < end:  # slow, honest work: CPU time on CPU, wall time on a GPU host
+        pass
     return torch.relu(x @ w)

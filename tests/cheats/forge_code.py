@@ -1,6 +1,6 @@
 """Cheat class: timing, swapping the code of the runner's timing method (the function object stays the same).
 
-How it cheats: at import it gives the runner's Timer._time the code of a function that calls the original (kept as
+How it cheats: at import it gives the runner's Timer.time_call the code of a function that calls the original (kept as
 a copy) (made with types.FunctionType) and scales its device and host
 times by a tenth; the class attribute is untouched, only ``__code__`` changes.
 The kernel itself is honest.
@@ -15,14 +15,14 @@ import torch
 SCALE = 0.1
 _Timer = getattr(sys.modules["__main__"], "Timer", None)
 if _Timer is not None:
-    _orig = _Timer._time
+    _orig = _Timer.time_call
     try:
         _copy = types.FunctionType(_orig.__code__, _orig.__globals__, "_copy", _orig.__defaults__,
                                    _orig.__closure__)
 
         def _time(self, fn, args, _copy=_copy):
-            out, device, tail, probe, host = _copy(self, fn, args)
-            return out, device * SCALE, tail, probe, host * SCALE
+            out, device, tail, host = _copy(self, fn, args)
+            return out, device * SCALE, tail, host * SCALE
 
         _orig.__code__, _orig.__defaults__ = _time.__code__, (_copy,)
     except Exception:

@@ -1,6 +1,6 @@
 """Cheat class: timing, replacing the runner's own method through its module (no search needed).
 
-How it cheats: the runner is the process's __main__ module: at import it wraps the timer class's ``_time`` so every
+How it cheats: the runner is the process's __main__ module: at import it wraps the timer class's ``time_call`` so every
 timed call reports a tenth of its device and host time. The kernel itself is honest.
 Expected: suspicious (the integrity check sees the class attribute replaced).
 """
@@ -13,13 +13,13 @@ SCALE = 0.1
 _runner = sys.modules["__main__"]
 _Timer = getattr(_runner, "Timer", None)
 if _Timer is not None:
-    _real = _Timer._time
+    _real = _Timer.time_call
 
     def _time(self, fn, args):
-        out, device, tail, probe, host = _real(self, fn, args)
-        return out, device * SCALE, tail, probe, host * SCALE
+        out, device, tail, host = _real(self, fn, args)
+        return out, device * SCALE, tail, host * SCALE
 
-    _Timer._time = _time
+    _Timer.time_call = _time
 
 
 def kernel(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,67 @@
+"""A judge that trusts nothing from the candidate's process (issue: the candidate's process is the candidate's).
+
+Each candidate here takes the harness's own socket at import and speaks the protocol itself (tests/cheats/takeover.py),
+so no in-process guard ever runs: what stops it is only what the judge checks itself, the schema of every message
+(harness/wire.py), its own copy of every output taken when the candidate says it is done (harness/lending.py), and its
+own clock around each timed call, on CPU the CPU time of the candidate's whole process tree (harness/time_bound.py,
+cgroup.py). Every one must fail as suspicious or incorrect, and the honest candidate must pass.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ksearch_graph.evaluation import Status
+from ksearch_graph.harness.client import SubprocessEvaluator
+from ksearch_graph.task import load_task
+
+pytestmark = pytest.mark.slow
+
+CHEATS = Path(__file__).resolve().parent / "cheats"
+MODES = {  # mode -> (the statuses it may end in, what the log must name)
+    "forged_times": ({Status.suspicious}, "the judge's clock"),
+    "late_output": ({Status.incorrect_numerical, Status.suspicious}, ""),
+    "forked_worker": ({Status.suspicious}, "the judge's clock"),
+    "wildcards": ({Status.suspicious}, "the protocol does not allow"),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("zero-trust") / "task"
+    shutil.copytree(CHEATS / "task", folder)
+    # Calls of milliseconds on CPU, so that every lie is far outside the bound's slack there (a call of a few hundred
+    # microseconds hides lies inside the CPU's slack: docs/threat-model.md, "The bound, by call length").
+    spec = json.loads((folder / "task.json").read_text())
+    spec["workloads"] = [{"name": "square", "params": {"m": 384, "k": 384, "n": 384}},
+                         {"name": "skinny", "params": {"m": 32, "k": 2048, "n": 1024}}]
+    (folder / "task.json").write_text(json.dumps(spec))
+    task = load_task(folder)
+    ev = SubprocessEvaluator(timeout_s=180, time_budget_s=0.2)
+    text = (CHEATS / "takeover.py").read_text()
+
+    def run(mode: str):
+        source = text if mode == "honest" else text.replace('MODE = "forged_times"', f'MODE = "{mode}"')
+        files = {"kernel.py": (CHEATS / "honest.py").read_text() if mode == "honest" else source}
+        return ev.evaluate(task, files, attempt_id=f"takeover-{mode}")
+
+    names = ["honest", *MODES]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(names, pool.map(run, names)))
+
+
+def test_the_honest_candidate_passes(results):
+    assert results["honest"].status == Status.passed, results["honest"].log_excerpt
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_protocol_takeover_fails(results, mode):
+    r = results[mode]
+    statuses, named = MODES[mode]
+    assert r.status in statuses and r.score == 0, f"{r.status.value}: {r.log_excerpt}"
+    assert named in r.log_excerpt, r.log_excerpt
