@@ -23,6 +23,17 @@ from ksearch_graph.task import load_task
 pytestmark = pytest.mark.slow
 
 CHEATS = Path(__file__).resolve().parent / "cheats"
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+ON_GPU = _cuda()
 MODES = {  # mode -> (the statuses it may end in, what the log must name)
     "forged_times": ({Status.suspicious}, "the judge's clock"),
     "late_output": ({Status.incorrect_numerical, Status.suspicious}, ""),
@@ -38,8 +49,9 @@ def results(tmp_path_factory):
     # Calls of milliseconds on CPU, so that every lie is far outside the bound's slack there (a call of a few hundred
     # microseconds hides lies inside the CPU's slack: docs/threat-model.md, "The bound, by call length").
     spec = json.loads((folder / "task.json").read_text())
-    spec["workloads"] = [{"name": "square", "params": {"m": 384, "k": 384, "n": 384}},
-                         {"name": "skinny", "params": {"m": 32, "k": 2048, "n": 1024}}]
+    sizes = ({"m": 2048, "k": 2048, "n": 2048}, {"m": 64, "k": 8192, "n": 4096}) if ON_GPU else (
+        {"m": 384, "k": 384, "n": 384}, {"m": 32, "k": 2048, "n": 1024})
+    spec["workloads"] = [{"name": "square", "params": sizes[0]}, {"name": "skinny", "params": sizes[1]}]
     (folder / "task.json").write_text(json.dumps(spec))
     task = load_task(folder)
     ev = SubprocessEvaluator(timeout_s=180, time_budget_s=0.2)
@@ -50,8 +62,8 @@ def results(tmp_path_factory):
         files = {"kernel.py": (CHEATS / "honest.py").read_text() if mode == "honest" else source}
         return ev.evaluate(task, files, attempt_id=f"takeover-{mode}")
 
-    names = ["honest", *MODES]
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    names = ["honest", *(m for m in MODES if not (ON_GPU and m == "forked_worker"))]
+    with ThreadPoolExecutor(max_workers=1 if ON_GPU else 2) as pool:
         return dict(zip(names, pool.map(run, names)))
 
 
@@ -61,6 +73,8 @@ def test_the_honest_candidate_passes(results):
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_a_protocol_takeover_fails(results, mode):
+    if mode not in results:
+        pytest.skip("a forked child cannot use the parent's CUDA context")
     r = results[mode]
     statuses, named = MODES[mode]
     assert r.status in statuses and r.score == 0, f"{r.status.value}: {r.log_excerpt}"

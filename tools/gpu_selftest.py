@@ -16,6 +16,7 @@
    figure (median of its rounds) with its own spread and the difference. The spreads matter for power-limited
    kernels: do_bench read a 4096^3 bf16 matmul at 176.6 and 192.3 us in two calls, so one reading of
    it cannot judge a 5% agreement.
+4. The sandbox's cost: the TriMul seed with and without it (``sandbox_cost``).
 3. TriMul (examples/trimul/, all 25 workloads: 18 correctness-only + 7 timed) with the seed submission, three times
    with one evaluator, as a search would: each finds its processes prestarted (imports done: the first pair starts
    when the search does, ``start_ahead(task)``, and times the reference while it waits; that wait, the cold imports
@@ -38,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 HARNESS_TESTS = ["tests/test_evaluation.py", "tests/test_judge.py", "tests/test_timing.py", "tests/test_gpu.py",
-                 "tests/test_guards.py", "tests/test_tensors.py", "tests/test_protocol.py", "tests/test_cheats.py",
-                 "tests/test_forgery.py", "tests/test_time_bound.py", "tests/test_trimul.py", "tests/test_compare.py"]
+                 "tests/test_guards.py", "tests/test_tensors.py", "tests/test_wire.py", "tests/test_cheats.py",
+                 "tests/test_forgery.py", "tests/test_time_bound.py", "tests/test_trimul.py", "tests/test_compare.py",
+                 "tests/test_sandbox.py", "tests/test_zero_trust.py"]
 
 
 def run_tests(files: list[str]) -> dict:
@@ -201,6 +203,39 @@ def trimul(report: dict) -> None:
     evaluator.close()
 
 
+def sandbox_cost(report: dict, rounds: int = 2) -> None:
+    """The sandbox's cost on the TriMul seed: evaluations with and without it, alternating, one evaluator each (so
+    each reuses its reference timings); per workload the mean latency with the sandbox against without, and each
+    evaluation's wall time and start-up."""
+    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.task import load_task
+
+    task = load_task(ROOT / "examples" / "trimul")
+    evaluators = {kind: SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0, sandbox=kind,
+                                            prestart=False) for kind in ("bwrap", "none")}
+    runs = {kind: [] for kind in evaluators}
+    for i in range(rounds):
+        for kind, evaluator in evaluators.items():
+            r = evaluator.evaluate(task, {"submission.py": task.seed_source}, attempt_id=f"sandbox-{kind}-{i}")
+            runs[kind].append(r)
+            print(f"sandbox {kind} {i + 1}: {r.status.value}, wall {r.wall_s:.2f} s, phases {r.phases}", flush=True)
+    rows = []
+    for w in task.spec.workloads:
+        if not w.timed:
+            continue
+        means = {kind: [x.latency_us for r in rs if r.passed for x in r.workloads if x.workload == w.name]
+                 for kind, rs in runs.items()}
+        if all(means.values()):
+            a, b = statistics.fmean(means["bwrap"]), statistics.fmean(means["none"])
+            rows.append({"workload": w.name, "bwrap_us": a, "none_us": b, "diff_pct": 100 * (a - b) / b})
+    report["sandbox_cost"] = {"rows": rows, "wall_s": {k: [r.wall_s for r in rs] for k, rs in runs.items()},
+                              "startup_s": {k: [r.phases.get("startup", 0.0) + r.phases.get("spawn", 0.0)
+                                                for r in rs] for k, rs in runs.items()},
+                              "status": {k: [r.status.value for r in rs] for k, rs in runs.items()}}
+    for e in evaluators.values():
+        e.close()
+
+
 def markdown(report: dict) -> str:
     lines = [f"GPU self-test, {report['date']}, {report['environment']}", ""]
     if report.get("tests"):
@@ -236,6 +271,13 @@ def markdown(report: dict) -> str:
                      f"{t['waited_for_prestart_s']:.2f} s for its prestarted processes), reference timing "
                      f"{t['reference_timing']}, prestarted {t['prestarted']}, power-limited workloads "
                      f"{t.get('power_limited')}, phases {t['phases']}")
+    cost = report.get("sandbox_cost")
+    if cost:
+        lines += ["", f"Sandbox cost on the TriMul seed: statuses {cost['status']}, wall s {cost['wall_s']}, "
+                  f"start-up s {cost['startup_s']}", "", "| workload | with bwrap | without | diff |",
+                  "| --- | --- | --- | --- |"]
+        lines += [f"| {r['workload']} | {r['bwrap_us']:.1f} us | {r['none_us']:.1f} us | {r['diff_pct']:+.2f}% |"
+                  for r in cost["rows"]]
     return "\n".join(lines) + "\n"
 
 
@@ -245,6 +287,7 @@ def main() -> int:
     p.add_argument("--skip-tests", action="store_true")
     p.add_argument("--skip-trimul", action="store_true")
     p.add_argument("--skip-calibration", action="store_true")
+    p.add_argument("--skip-sandbox-cost", action="store_true")
     p.add_argument("--tests", nargs="*", default=HARNESS_TESTS)
     p.add_argument("--evaluations", type=int, default=3, help="calibration evaluations (at least 2)")
     p.add_argument("--budget-s", type=float, default=1.0, help="calibration: each workload's timing budget")
@@ -265,6 +308,8 @@ def main() -> int:
         calibrate(report["calibration"], args.evaluations, args.budget_s)
     if not args.skip_trimul:
         trimul(report)
+    if not args.skip_sandbox_cost:
+        sandbox_cost(report)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "selftest.json").write_text(json.dumps(report, indent=1, default=str))
