@@ -93,7 +93,7 @@ def _local_settings(args):
     # cannot be slow because of a network, only because of a busy CPU: a long timeout wastes nothing,
     # a retry would redo the whole answer.
     return LLMSettings(model=model_id(args.local_model), local_model=args.local_model, structured_method="json_schema",
-                       temperature=0.2 if args.temperature is None else args.temperature, max_tokens=1536,
+                       temperature=0.2 if args.temperature is None else args.temperature, max_tokens=2048,
                        small_model_schema=True, timeout_s=1200, max_retries=args.llm_retries, backoff_s=args.llm_backoff)
 
 

@@ -351,6 +351,7 @@ class _Attempt:
 
 
 _SMALL_MODEL_STRING_CHARS = 400
+_SMALL_MODEL_ITEMS = 4
 
 
 def small_model_schema(schema: Any) -> Any:
@@ -359,7 +360,9 @@ def small_model_schema(schema: Any) -> Any:
     Every string is capped at 400 characters (uncapped, a 0.5B model fills a 4000-character field
     with repetition), and a number bounded to a range of at most 10 (a 0..1 value, a 0..10 rating)
     becomes an enum of 11 steps: llama.cpp's grammars enforce enums but not a number's bounds, and a
-    small model otherwise writes 7 for a 0..1 value in every repair round.
+    small model otherwise writes 7 for a 0..1 value in every repair round. Lists hold at most 4 items
+    and free-form objects (an action's params) stay empty, so the longest answer the schema allows
+    (4 actions of about 300 tokens) fits the answer limit instead of being cut off mid-JSON.
     """
     if isinstance(schema, list):
         return [small_model_schema(item) for item in schema]
@@ -370,6 +373,10 @@ def small_model_schema(schema: Any) -> Any:
         return out
     if out.get("type") == "string":
         out["maxLength"] = min(out.get("maxLength", _SMALL_MODEL_STRING_CHARS), _SMALL_MODEL_STRING_CHARS)
+    elif out.get("type") == "array":
+        out["maxItems"] = max(out.get("minItems", 0), min(out.get("maxItems", _SMALL_MODEL_ITEMS), _SMALL_MODEL_ITEMS))
+    elif out.get("type") == "object" and "properties" not in out:
+        out.update(properties={}, additionalProperties=False)
     elif out.get("type") == "number" and "minimum" in out and "maximum" in out:
         low, high = out.pop("minimum"), out.pop("maximum")
         if 0 < high - low <= 10:

@@ -18,6 +18,12 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai_server import FakeOpenAIServer, Reply, fake_openai  # noqa: E402,F401
 
+# Without CUDA, Triton runs in its interpreter. Triton reads TRITON_INTERPRET when a @triton.jit function is defined,
+# its own library's included, and torch imports Triton in-process (torch.utils.flop_counter: the speed-of-light
+# code): set it before any test can import Triton, or a kernel run later calls compiled helpers and fails.
+if not importlib.util.find_spec("torch") or not __import__("torch").cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 REPO = Path(__file__).resolve().parent.parent
 SOFTMAX = REPO / "examples" / "softmax"
 

@@ -186,6 +186,8 @@ def test_small_model_schema_caps_strings_and_enumerates_bounded_numbers():
     assert action["value"]["enum"] == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
     assert action["difficulty"] == schema["$defs"]["Action"]["properties"]["difficulty"]  # integers: kept
     assert "enum" not in action["predicted_gain"]  # a wide range stays a bounded number
+    assert small["properties"]["ops"]["maxItems"] == 4 and schema["properties"]["ops"]["maxItems"] == 20
+    assert action["params"]["additionalProperties"] is False and action["params"]["properties"] == {}
     for value in action["value"]["enum"]:  # every enum step is valid for the real model
         Action(title="t", description="d", difficulty=1, value=value, predicted_gain=1.1)
     assert EditScript.model_json_schema() == schema  # the pydantic model (our validation) is unchanged

@@ -80,4 +80,4 @@ def test_installed_wheel_runs_an_llm_search_with_its_prompts(tmp_path, softmax_t
     installed = Path(where).parent / "prompts"
     system = server.requests[0]["messages"][0]["content"]
     assert system.startswith((installed / "planner_system.md").read_text().splitlines()[0])
-    assert "[  1/1] c1.1    first   passed" in proc.stdout
+    assert "[  1/1] c1.1    first   passed" in proc.stdout, proc.stdout + proc.stderr

@@ -379,10 +379,9 @@ class SubprocessEvaluator:
         if not hasattr(resource, "prlimit"):  # not Linux: the wall-clock timeout still applies
             return
         try:
-            # CPU seconds summed over threads, so scaled by the core count: a backstop for processes that leave the
-            # process group (the wall-clock kill cannot reach them), not the main time limit.
-            cpu_s = int(self.timeout_s * (os.cpu_count() or 1)) + 60
-            resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s))
+            # No RLIMIT_CPU: while one is set the kernel reads a process's CPU clock from a sum it updates only at
+            # scheduler ticks (4 ms here), which would make CPU call times, the judge's reference and the
+            # candidate's, too coarse to bound. Processes that leave the process group are the sandbox's to end.
             resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))  # a segfault should not write gigabytes of core
             # An address-space limit breaks CUDA (the driver maps far more virtual memory than it uses), so it only
             # applies where no GPU driver is present; on a GPU host the GPU's own memory is the bound anyway.

@@ -155,7 +155,7 @@ def launch_cover(flush) -> tuple:
             zero_(flush)
 
         progress(f"launch cover: Triton kernel unavailable ({type(e).__name__}: {e}); a one-thread spin instead")
-        return cover, f"one-thread spin ({type(e).__name__})"
+        return cover, f"one-thread spin ({type(e).__name__}: {str(e)[:160]})"
 
 
 

@@ -423,8 +423,8 @@ class Judge:
                 times, more = self.time_candidate(w)
                 self.phases["timing"] += time.perf_counter() - t0
                 notes += more
-                mean = statistics.fmean(times)
-                ref_us = ref_timing[name]["mean_us"]
+                mean = max(statistics.fmean(times), 1e-3)  # a call below the clock's resolution reads 1 ns
+                ref_us = max(ref_timing[name]["mean_us"], 1e-3)
                 results[name].update(latency_us=mean, median_us=statistics.median(times),
                                      std_us=statistics.stdev(times), runs=len(times), reference_us=ref_us,
                                      speedup=ref_us / mean)

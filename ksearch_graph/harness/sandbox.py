@@ -133,12 +133,13 @@ class Sandbox:
                 cmd += ["--ro-bind", path, path]
         for path in ETC:
             cmd += ["--ro-bind-try", path, path]
+        # The private /tmp first: a mount made before it would be hidden beneath it (a venv under /tmp).
+        cmd += ["--ro-bind", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
+                "--tmpfs", "/tmp", "--dir", HOME]
         for path in python_paths() + [p for p in ro_paths if os.path.exists(p)] + _cuda_home(env):
             cmd += ["--ro-bind", path, path]
         for path in _library_dirs(env):
             cmd += ["--ro-bind-try", path, path]
-        cmd += ["--ro-bind", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
-                "--tmpfs", "/tmp", "--dir", HOME]
         for node in gpu_devices():
             cmd += ["--dev-bind", node, node]
         cmd += ["--bind", candidate, candidate, "--bind", cache, CACHE, "--chdir", candidate]

@@ -14,6 +14,7 @@ it saw once must never carry later inputs.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 
@@ -121,36 +122,33 @@ class _AccessDesc(ctypes.Structure):  # CUmemAccessDesc
     _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
 
 
-_driver = None
-
-
+@functools.cache
 def _cuda():
-    global _driver
-    if _driver is None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        for name in ("cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
-                     "cuMemAddressFree", "cuMemRelease", "cuMemExportToShareableHandle",
-                     "cuMemImportFromShareableHandle", "cuMemGetAllocationGranularity"):
-            getattr(lib, name).restype = ctypes.c_int
-        lib.cuMemCreate.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_size_t,
-                                    ctypes.POINTER(_AllocationProp), ctypes.c_ulonglong]
-        lib.cuMemAddressReserve.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_size_t, ctypes.c_size_t,
-                                            ctypes.c_ulonglong, ctypes.c_ulonglong]
-        lib.cuMemMap.argtypes = [ctypes.c_ulonglong, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_ulonglong,
-                                 ctypes.c_ulonglong]
-        lib.cuMemSetAccess.argtypes = [ctypes.c_ulonglong, ctypes.c_size_t, ctypes.POINTER(_AccessDesc),
-                                       ctypes.c_size_t]
-        lib.cuMemUnmap.argtypes = [ctypes.c_ulonglong, ctypes.c_size_t]
-        lib.cuMemAddressFree.argtypes = [ctypes.c_ulonglong, ctypes.c_size_t]
-        lib.cuMemRelease.argtypes = [ctypes.c_ulonglong]
-        lib.cuMemExportToShareableHandle.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int,
-                                                     ctypes.c_ulonglong]
-        lib.cuMemImportFromShareableHandle.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_void_p,
-                                                       ctypes.c_int]
-        lib.cuMemGetAllocationGranularity.argtypes = [ctypes.POINTER(ctypes.c_size_t),
-                                                      ctypes.POINTER(_AllocationProp), ctypes.c_int]
-        _driver = lib
-    return _driver
+    """The CUDA driver's VMM calls, loaded on first use. Cached by functools, not in a module global: a global set
+    after the candidate's process took its snapshot of the harness's objects would read as tampering."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    for name in ("cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
+                 "cuMemAddressFree", "cuMemRelease", "cuMemExportToShareableHandle",
+                 "cuMemImportFromShareableHandle", "cuMemGetAllocationGranularity"):
+        getattr(lib, name).restype = ctypes.c_int
+    lib.cuMemCreate.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_size_t,
+                                ctypes.POINTER(_AllocationProp), ctypes.c_ulonglong]
+    lib.cuMemAddressReserve.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_size_t, ctypes.c_size_t,
+                                        ctypes.c_ulonglong, ctypes.c_ulonglong]
+    lib.cuMemMap.argtypes = [ctypes.c_ulonglong, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_ulonglong,
+                             ctypes.c_ulonglong]
+    lib.cuMemSetAccess.argtypes = [ctypes.c_ulonglong, ctypes.c_size_t, ctypes.POINTER(_AccessDesc),
+                                   ctypes.c_size_t]
+    lib.cuMemUnmap.argtypes = [ctypes.c_ulonglong, ctypes.c_size_t]
+    lib.cuMemAddressFree.argtypes = [ctypes.c_ulonglong, ctypes.c_size_t]
+    lib.cuMemRelease.argtypes = [ctypes.c_ulonglong]
+    lib.cuMemExportToShareableHandle.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int,
+                                                 ctypes.c_ulonglong]
+    lib.cuMemImportFromShareableHandle.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_void_p,
+                                                   ctypes.c_int]
+    lib.cuMemGetAllocationGranularity.argtypes = [ctypes.POINTER(ctypes.c_size_t),
+                                                  ctypes.POINTER(_AllocationProp), ctypes.c_int]
+    return lib
 
 
 def _check(code: int, what: str) -> None:

@@ -32,6 +32,10 @@ class Timer:
         torch = load_torch()
         self.cuda = device == "cuda"
         self.perf = time.perf_counter
+        # On CPU a call is timed in CPU time (all of the process's threads): what the judge can check against the CPU
+        # time of the candidate's whole process tree (time_bound.py), and what a loaded host's scheduler does not
+        # stretch; CPU timings only order candidates.
+        self.cpu_clock = time.process_time
         # Python's garbage collector stays off through each timed call (see time); bound here like the CUDA calls.
         self.gc_disable, self.gc_enable, self.gc_isenabled = gc.disable, gc.enable, gc.isenabled
         self.hooks: InterpreterHooks | None = None  # the candidate's process sets one (see InterpreterHooks)
@@ -121,12 +125,13 @@ class Timer:
         perf, elapsed, sync, record, event_sync, hooks, gc_disable = (
             self.perf, self.elapsed, self.sync, self.record, self.event_sync, self.hooks, self.gc_disable)
         if not self.cuda:
-            t0 = perf()
+            cpu = self.cpu_clock
+            t0 = cpu()
             out = fn(*args)
             gc_disable()  # the candidate may have turned it on
             if hooks is not None:
                 hooks.disarm()
-            us = (perf() - t0) * 1e6
+            us = (cpu() - t0) * 1e6
             return out, us, 0.0, us
         start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
         self.cover()  # holds the GPU while the call is launched (see POLICY.cover_s)

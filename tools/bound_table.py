@@ -1,0 +1,118 @@
+"""The judge's bound on forged timings, measured: for each call length, the largest factor by which a candidate that
+controls its whole process can under-report and still pass.
+
+    python tools/bound_table.py [--lengths-us 100,1000,10000] [--factors 1.25,1.5,2,3,5,10,100] [--out DIR]
+
+The forger (written here) blinds the in-process guards at import (it empties the integrity check's snapshot), drops
+the launch cover's hold, and rewrites every ``Done`` message to report its call's time divided by the factor: it
+goes through exactly the honest runner's steps otherwise, so its overhead is the calibration's and only the judge's
+clock stands against it (the tightest attack on the bound). Each timed call does the cheat task's matmul (at a tiny
+size) plus the call length of work (a CPU spin on CPU, ``torch.cuda._sleep`` on a GPU). Each (length, factor) is one evaluation of the cheat task (tests/cheats/task, with 16x16
+workloads); a factor passes when the evaluation does.
+Prints the table and writes bound_table.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FORGER = '''
+import sys, time
+import torch
+
+LENGTH_US, FACTOR = {length}, {factor}
+
+# At import: walk up to the runner (no audit event), empty the integrity check's snapshot (it then watches nothing),
+# drop the launch cover's hold, and make every Done message report its call's time divided by FACTOR.
+frame = sys._getframe(0)
+while frame is not None and not hasattr(frame.f_locals.get("self"), "guards"):
+    frame = frame.f_back
+runner = frame.f_locals["self"]
+runner.guards.integrity.integrity.kept.clear()
+runner.guards.integrity.integrity.types.clear()
+runner.timer.cover = lambda: None
+channel_type = type(runner.channel)
+real_send = channel_type.send
+
+
+def send(self, msg, *fds):
+    if type(msg).__name__ == "Done":
+        msg = msg._replace(times=[msg.times[0] / FACTOR, msg.times[1], msg.times[2], msg.times[3] / FACTOR])
+    return real_send(self, msg, *fds)
+
+
+channel_type.send = send
+CYCLES = int(LENGTH_US * 1.98e3)  # GPU clock cycles of the spin (about 1.98 GHz under load)
+
+
+def kernel(x, w):
+    out = torch.relu(x @ w)
+    if out.is_cuda:
+        torch.cuda._sleep(CYCLES)
+    else:
+        end = time.process_time() + LENGTH_US * 1e-6
+        while time.process_time() < end:
+            pass
+    return out
+'''
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lengths-us", default="100,1000,10000")
+    p.add_argument("--factors", default="1.25,1.5,2,3,5,10,100")
+    p.add_argument("--out", default=".")
+    p.add_argument("--budget-s", type=float, default=0.2)
+    args = p.parse_args()
+    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.task import load_task
+
+    folder = Path(tempfile.mkdtemp(prefix="bound-")) / "task"
+    shutil.copytree(ROOT / "tests" / "cheats" / "task", folder)
+    spec = json.loads((folder / "task.json").read_text())
+    spec["workloads"] = [{"name": "tiny", "params": {"m": 16, "k": 16, "n": 16}}]
+    (folder / "task.json").write_text(json.dumps(spec))
+    task = load_task(folder)
+    ev = SubprocessEvaluator(timeout_s=300, time_budget_s=args.budget_s)
+    rows = []
+    for length in (float(x) for x in args.lengths_us.split(",")):
+        row = {"length_us": length, "passed": [], "caught": {}}
+        for factor in (float(x) for x in args.factors.split(",")):
+            t0 = time.perf_counter()
+            r = ev.evaluate(task, {"kernel.py": FORGER.format(length=length, factor=factor)},
+                            attempt_id=f"bound-{length:g}-{factor:g}")
+            print(f"{length:g} us x{factor:g}: {r.status.value} ({time.perf_counter() - t0:.1f} s) "
+                  f"{r.log_excerpt[:160]!r}", flush=True)
+            if r.passed:
+                row["passed"].append(factor)
+            else:
+                row["caught"][str(factor)] = r.status.value
+        row["largest_passing"] = max(row["passed"], default=None)
+        rows.append(row)
+    ev.close()
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    report = {"date": time.strftime("%Y-%m-%d"), "device": device, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bound_table.json").write_text(json.dumps(report, indent=1))
+    print(f"\n{device}: largest under-reporting factor that passed, per call length")
+    for row in rows:
+        print(f"  {row['length_us']:>8g} us: {row['largest_passing'] or 'none (every factor tried was caught)'}"
+              f"  (caught: {row['caught']})")
+    shutil.rmtree(folder.parent, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
