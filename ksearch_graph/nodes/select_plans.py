@@ -1,7 +1,7 @@
 """Plan selection: pick up to k frontier actions and launch one action cycle for each.
 
-The budget left is split over the launched cycles, so k cycles side by side never spend more
-iterations than the run has. The launch payloads are written to state before the ``Send``s go out,
+The budget left (from the run's record, budget.py) is split over the launched cycles as their allowances; the
+budget itself is enforced per attempt, so k cycles side by side never spend more iterations than the run has. The launch payloads are written to state before the ``Send``s go out,
 which makes them part of the checkpoint: a resumed or branched run relaunches exactly these cycles.
 """
 
@@ -24,12 +24,12 @@ from .cycles import fresh_cycle_state, new_cycle
 
 def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
     ctx = search_context(runtime)
-    done = state.get("iterations_done", 0)
-    stop = ctx.budget_stop_reason(done)
+    done = ctx.budget.iterations_done()  # the run's record, not the allowance a state was planned with
+    stop = ctx.budget.stop_reason()
     wm = WorldModel.from_state(state["world_model"])
     picks: list[str] = []
     if stop is None:
-        remaining = ctx.config.budget.iterations - done
+        remaining = ctx.budget.iterations_left()
         lanes = min(ctx.config.parallel_cycles, remaining)
         picks = select_actions(
             wm,
