@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .evaluation import EvalResult
 from .harness.client import write_files
+from .integrity import open_for_reading
 from .run_dir import RunDir
 from .search import state_at
 from .task import Task
@@ -40,7 +41,7 @@ def export_best(run_dir: str | Path, out_dir: str | Path, *, top: int = 1, forma
         raise ValueError(f"format must be one of {FORMATS}, not {format!r}")
     if format == "flashinfer-trace":
         return export_flashinfer(run_dir, out_dir, top=top)["best"]
-    run = RunDir.open(run_dir)
+    run = open_for_reading(run_dir)
     best = state_at(run).get("best")
     if not best:
         return []
