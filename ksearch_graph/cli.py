@@ -109,7 +109,8 @@ def cmd_history(args) -> int:
     print(f"{'checkpoint':<38} {'step':>4}  {'node':<20} {'iter':>4}  {'best':>9}  next")
     for r in rows:
         best = f"{r['best_score']:.4g}" if r["best_score"] is not None else "-"
-        print(f"{r['checkpoint']:<38} {r['step']:>4}  {r['node']:<20} {r['iteration']:>4}  {best:>9}  {','.join(r['next'])}")
+        step = "-" if r["step"] is None else r["step"]  # a rolling merge is no step of the main graph
+        print(f"{r['checkpoint']:<38} {step:>4}  {r['node']:<20} {r['iteration']:>4}  {best:>9}  {','.join(r['next'])}")
     return 0
 
 

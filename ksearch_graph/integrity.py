@@ -117,6 +117,8 @@ def snapshot_problem(path: Path) -> str | None:
     opened for writing, so only damage shows."""
     try:
         db = snapshot(path)
+    except sqlite3.DatabaseError as e:
+        return str(e)
     except OSError as e:
         return f"unreadable: {e}"
     try:

@@ -17,6 +17,7 @@ import sqlite3
 import struct
 from pathlib import Path
 
+HEADER = b"SQLite format 3\x00"
 WAL_HEADER = 32
 FRAME_HEADER = 24
 _MAGIC = (0x377F0682, 0x377F0683)  # checksums in little- / big-endian words
@@ -46,6 +47,8 @@ def snapshot(path: Path) -> sqlite3.Connection:
     """The database as SQLite would read it, built in memory from the main file and its WAL's committed frames."""
     path = Path(path)
     image = bytearray(path.read_bytes())
+    if not image.startswith(HEADER):  # as SQLite: a main file that is no database is not read, whatever its WAL holds
+        raise sqlite3.DatabaseError("file is not a database")
     wal = _sibling(path, "-wal")
     frames = committed_frames(wal.read_bytes()) if wal.exists() else None
     if frames is not None:
