@@ -7,10 +7,14 @@ no-LLM baseline (``offline.py``). The graph only sees these protocols.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .task import Task
 from .world_model import EditScript, WorldModel
+
+if TYPE_CHECKING:
+    from .evaluation import EvalResult
+    from .speed_of_light import SpeedOfLight
 
 PromptKind = Literal["first", "debug", "improve"]
 
@@ -23,6 +27,10 @@ class Usage:
     completion_tokens: int = 0
     cost_usd: float = 0.0
     seconds: float = 0.0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
+    # Every request of the call and its raw answer, repairs included: {"messages": [{"role", "content"}], "answer"}.
+    # Recorded in the run directory (store.record_exchanges), not in the ledger.
+    transcript: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -30,6 +38,7 @@ class Usage:
             "completion_tokens": self.completion_tokens,
             "cost_usd": self.cost_usd,
             "seconds": self.seconds,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
         }
 
 
@@ -46,6 +55,10 @@ class Evidence:
     parent_score: float | None  # the base's score (None when the base is the bare spec)
     last_log: str  # log excerpt of the last failed attempt, if any
     stop: str
+    best_result: EvalResult | None = None  # the best attempt's full evaluation (per-workload latencies)
+    parent_result: EvalResult | None = None  # the base's, to compare per workload
+    last_failed_id: str | None = None
+    last_failed_files: dict[str, str] | None = None  # the code of the last failed attempt (the too-hard update)
 
 
 @dataclass
@@ -60,8 +73,10 @@ class CodeRequest:
     last_files: dict[str, str] | None  # previous attempt of this cycle
     last_summary: dict | None
     feedback: str  # the reflection's text for this attempt: failure log or performance summary
-    history: list[dict] = field(default_factory=list)  # this cycle's attempt summaries
+    history: list[dict] = field(default_factory=list)  # this cycle's attempt summaries, each with its "log"
     history_files: list[dict[str, str]] = field(default_factory=list)  # their code, same order
+    analysis: str = ""  # the planner's analysis of the task
+    sol: SpeedOfLight | None = None  # the run's GPU and the workloads' floors
 
 
 @dataclass
@@ -72,14 +87,19 @@ class CodeAnswer:
 
 
 class Planner(Protocol):
-    def initial(self, task: Task, wm: WorldModel, *, errors: list[str]) -> tuple[EditScript, Usage]: ...
+    """``sol``: the run's GPU and the workloads' floors (None: not known). A planner may also define
+    ``refill(task, wm, *, errors, sol, best)``, asked at a cycle's start when the frontier is weak (select_plans.py);
+    one without it (the offline planner, whose template walk proposes every move itself) is not asked."""
+
+    def initial(self, task: Task, wm: WorldModel, *, errors: list[str],
+                sol: SpeedOfLight | None = None) -> tuple[EditScript, Usage]: ...
 
     def after_cycle(
-        self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str]
+        self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str], sol: SpeedOfLight | None = None
     ) -> tuple[EditScript, Usage]: ...
 
     def too_hard(
-        self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str]
+        self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str], sol: SpeedOfLight | None = None
     ) -> tuple[EditScript, Usage]: ...
 
 

@@ -156,9 +156,18 @@ def cmd_recover(args) -> int:
 def cmd_show(args) -> int:
     from .integrity import open_for_reading
     from .search import dumps, iter_tree_lines, state_at, summary
+    from .speed_of_light import sol_summary
     from .world_model import WorldModel
 
     run = open_for_reading(args.run_dir)
+    if args.attempt:
+        from .attempt_view import attempt_info, render_attempt
+
+        if args.json:
+            print(dumps({k: v for k, v in attempt_info(run, args.attempt).items() if not k.startswith("_")}))
+        else:
+            print(render_attempt(run, args.attempt))
+        return 0
     if args.world_model:
         values = state_at(run, args.at)
         print(dumps(values.get("world_model")))
@@ -169,11 +178,14 @@ def cmd_show(args) -> int:
         return 0
     print(f"run {info['run_dir']}  task {info['task']}  status {info['status']}  planner {info['planner']}")
     print(f"iterations {info['iterations_done']}/{info['iteration_budget']}  attempts {info['attempts']} "
-          f"(passed {info['passed']})  tokens {info['tokens']['total_tokens']}  cost ${info['tokens']['cost_usd']:.4f}")
+          f"(passed {info['passed']})  tokens {info['tokens']['total_tokens']}{_cached(info['tokens'])}  "
+          f"cost ${info['tokens']['cost_usd']:.4f}")
     if info["best"]:
         b = info["best"]
         print(f"best {b['attempt_id']} on {b['node_id']}: score {b['score']:.4g}x"
               + (f", {b['latency_us']:.4g} us" if b["latency_us"] else ""))
+        if b.get("speed_of_light"):
+            print(f"     {sol_summary(b['speed_of_light'])}")
     if info["stop_reason"]:
         print(f"stopped: {info['stop_reason']}")
     values = state_at(run)
@@ -182,6 +194,11 @@ def cmd_show(args) -> int:
         for line in iter_tree_lines(WorldModel.from_state(values["world_model"])):
             print("  " + line)
     return 0
+
+
+def _cached(tokens: dict) -> str:
+    cached = sum(role.get("cached_prompt_tokens", 0) for role in tokens["per_role"].values())
+    return f" ({cached} prompt tokens from the provider's cache)" if cached else ""
 
 
 def cmd_report(args) -> int:
@@ -277,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.add_argument("--world-model", action="store_true", help="print the world model JSON (edit it for branch)")
     p.add_argument("--at", help="with --world-model: the checkpoint to read (default: latest)")
+    p.add_argument("--attempt", metavar="ID",
+                   help="one attempt (c3.2): its evaluation per workload against the floor, its prompt and the raw "
+                        "answer; or a planner call (init, update:c3, refill:c4)")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("recover", help="rebuild a run whose checkpoints (or run.json) are lost or damaged, from "

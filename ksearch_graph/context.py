@@ -35,6 +35,18 @@ class SearchContext:
     run_dir: Path
     gpu_note: str | None = None  # an allowed change of GPU model (gpu_record.py), for the caller to show
     budget: BudgetGate = field(init=False)  # the hard budgets, checked from the store (budget.py)
+    _speed_of_light: Any = field(default=None, repr=False)
+
+    def speed_of_light(self):
+        """The run's GPU and its workloads' work (speed_of_light.py), worked out once per process: the work is
+        recorded in the store the first time, so every prompt of the run shows the same figures."""
+        if self._speed_of_light is None:
+            from .gpu_record import recorded_model
+            from .speed_of_light import SpeedOfLight, run_work
+
+            self._speed_of_light = SpeedOfLight(recorded_model(self.store),
+                                                lambda: run_work(self.store, self.task, save=True))
+        return self._speed_of_light
 
     def __post_init__(self):
         self.budget = BudgetGate(self.config, self.store)

@@ -45,6 +45,8 @@ class AttemptEvent(Event):
     log: str  # the first 200 characters of the log excerpt
     best_score: float  # the best score known to this cycle after this attempt
     tokens: int  # LLM tokens spent by the whole run so far
+    floor_fraction: float | None = None  # of the speed-of-light floor (GPU timings only; speed_of_light.py)
+    implausible: bool = False  # measured faster than the floor on some workload
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,9 @@ class LLMSettings(BaseModel):
     max_repairs: int = 2  # re-asks after an answer that is not valid JSON or fails validation
     price_prompt_per_mtok: float = 0
     price_completion_per_mtok: float = 0
+    # Input tokens the provider read from its prompt cache (OpenAI-style usage.prompt_tokens_details.cached_tokens)
+    # cost this instead; None: the full prompt price (no discount assumed).
+    price_cached_prompt_per_mtok: float | None = Field(None, ge=0)
     # Send a tighter JSON schema for structured answers (see ``small_model_schema``): servers that
     # decode against the schema (llama.cpp) then keep a small model's answer short and in range. The
     # answer is still validated against the full pydantic model.
@@ -121,22 +124,27 @@ def make_chat_model(settings: LLMSettings) -> ChatOpenAI:
 class TokenLedger:
     """Token and cost totals per role; safe to share between threads, checkpointed as JSON."""
 
-    _FIELDS = ("prompt_tokens", "completion_tokens", "calls", "cost_usd")
+    _FIELDS = ("prompt_tokens", "cached_prompt_tokens", "completion_tokens", "calls", "cost_usd")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._roles: dict[str, dict[str, float]] = {}
 
     def add(self, role: str, usage: dict | None, settings: LLMSettings) -> None:
-        """Count one call; ``usage`` is an AIMessage.usage_metadata (input/output_tokens)."""
+        """Count one call; ``usage`` is an AIMessage.usage_metadata (input/output_tokens, and the cached input
+        tokens in input_token_details.cache_read)."""
         prompt = int((usage or {}).get("input_tokens", 0))
+        cached = cached_tokens(usage)
         completion = int((usage or {}).get("output_tokens", 0))
-        cost = (
-            prompt * settings.price_prompt_per_mtok + completion * settings.price_completion_per_mtok
-        ) / 1e6
+        cached_price = settings.price_cached_prompt_per_mtok
+        if cached_price is None:
+            cached_price = settings.price_prompt_per_mtok
+        cost = ((prompt - cached) * settings.price_prompt_per_mtok + cached * cached_price
+                + completion * settings.price_completion_per_mtok) / 1e6
         with self._lock:
             entry = self._roles.setdefault(role, {field: 0 for field in self._FIELDS})
             entry["prompt_tokens"] += prompt
+            entry["cached_prompt_tokens"] += cached
             entry["completion_tokens"] += completion
             entry["calls"] += 1
             entry["cost_usd"] += cost
@@ -157,6 +165,15 @@ class TokenLedger:
         return ledger
 
 
+_ROLES = {"human": "user", "ai": "assistant"}  # langchain's message types, as chat APIs name them
+
+
+def cached_tokens(usage: dict | None) -> int:
+    """Input tokens served from the provider's prompt cache, as langchain reports them (never above the input)."""
+    details = (usage or {}).get("input_token_details") or {}
+    return min(int(details.get("cache_read") or 0), int((usage or {}).get("input_tokens", 0)))
+
+
 class LLMClient:
     def __init__(
         self,
@@ -169,6 +186,8 @@ class LLMClient:
         self.role = role
         self.ledger = ledger
         self.chat_model = chat_model if chat_model is not None else make_chat_model(settings)
+        # Every request this client made and its raw answer, in order (the run directory records them).
+        self.transcript: list[dict] = []
 
     # ---- public ---------------------------------------------------------------------------
     def text(self, messages: list[BaseMessage]) -> tuple[str, dict]:
@@ -176,6 +195,7 @@ class LLMClient:
         message = self._call(self.chat_model, messages)
         info = {"prompt_tokens": 0, "completion_tokens": 0}
         self._count(message.usage_metadata, info)
+        self._record(messages, message.text, message.usage_metadata)
         return message.text, info
 
     def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, dict]:
@@ -235,20 +255,19 @@ class LLMClient:
             # With response_format the SDK raises instead of returning a cut-off answer. Such an
             # answer cannot validate, so it becomes a repair round asking for a shorter one.
             usage = exc.completion.usage
-            self._count(
-                {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens} if usage else None, info
-            )
+            counted = {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens} if usage else None
+            self._count(counted, info)
             limit = self.settings.max_tokens
-            return _Attempt(
-                exc.completion.choices[0].message.content or "",
-                [f"the answer was cut off at the token limit ({limit}); answer more concisely"],
-            )
+            raw = exc.completion.choices[0].message.content or ""
+            self._record(conversation, raw, counted)
+            return _Attempt(raw, [f"the answer was cut off at the token limit ({limit}); answer more concisely"])
         # Only the raw message is used, never langchain's "parsed": its JSON parsers accept a
         # truncated answer (they close open strings and brackets), which could then validate
         # with defaults. One strict parser also treats all four methods alike.
         message = out if runnable is None else out["raw"]
         self._count(message.usage_metadata, info)
         raw = _answer_text(message)
+        self._record(conversation, raw, message.usage_metadata)
         try:
             return _Attempt(raw, [], schema.model_validate(extract_json(raw)))
         except ValidationError as exc:
@@ -285,6 +304,15 @@ class LLMClient:
         self.ledger.add(self.role, usage, self.settings)
         info["prompt_tokens"] += (usage or {}).get("input_tokens", 0)
         info["completion_tokens"] += (usage or {}).get("output_tokens", 0)
+
+    def _record(self, messages: list[BaseMessage], answer: str, usage: dict | None) -> None:
+        self.transcript.append({
+            "messages": [{"role": _ROLES.get(m.type, m.type), "content": str(m.content)} for m in messages],
+            "answer": answer,
+            "prompt_tokens": int((usage or {}).get("input_tokens", 0)),
+            "cached_prompt_tokens": cached_tokens(usage),
+            "completion_tokens": int((usage or {}).get("output_tokens", 0)),
+        })
 
 
 class _Heartbeat(BaseCallbackHandler):

@@ -4,10 +4,15 @@ The planner returns edit scripts (structured output, validated with pydantic, re
 the coder returns source files extracted from fenced code blocks. Token usage of every call,
 repairs included, comes back as ``Usage`` for the run's ledger.
 
+Every prompt starts with the run's task block (prompt_parts.task_block: spec, reference, GPU and floors, the
+planner's analysis), the same text in every call of a role, and puts what changes after it, so providers' prompt
+caches can reuse the block (docs/llm.md). Each call's requests and raw answers come back in ``Usage.transcript``.
+
 When the model's context is known (``LLMSettings.context_tokens``), every prompt is fitted into it:
 the long parts (spec, reference, code, logs, world-model view) are cut, largest first, until the
 estimated prompt plus the answer's token limit fits. A small context (a small local model) also
-selects compact prompts from the start: a shorter spec excerpt, world-model view and logs.
+selects compact prompts from the start: a spec cut to a form that keeps every section, a shorter
+world-model view and logs.
 """
 
 from __future__ import annotations
@@ -26,21 +31,25 @@ from pydantic import Field
 
 from .agents import CodeAnswer, CodeRequest, Evidence, PlannerOutputError, Usage
 from .config import SearchConfig
+from .evaluation import EvalResult
 from .llm import (CodeExtractionError, LLMClient, LLMConfigError, LLMSettings, StructuredOutputError, TokenLedger,
                   extract_code, make_chat_model)
+from .policy import WEAK_VALUE, weak_frontier
+from .prompt_parts import compact_spec, headline, history_section, performance_table, task_block
+from .speed_of_light import SpeedOfLight
 from .task import Task
-
 from .world_model import MAX_INIT_NODES, EditScript, InsertOp, WorldModel, render
 
-_SHORT_SPEC_CHARS = 1500  # later prompts repeat only the start of the spec; the first ones carry it all
-_LOG_CHARS = 1500  # of a failure log in the planner's too-hard prompt
+_LOG_CHARS = 3000  # of a failure log in the planner's too-hard prompt
 
-# Compact mode: below this context a model is small, and long prompts also cost it minutes on a CPU.
+# Compact mode: below this context a model is small, and long prompts also cost it minutes on a CPU. Its spec is
+# cut to a form that keeps every section (prompt_parts.compact_spec), the same in every prompt of the run.
 _COMPACT_BELOW_TOKENS = 16_000
 _COMPACT_SPEC_CHARS = 3000
-_COMPACT_SHORT_SPEC_CHARS = 600
 _COMPACT_LOG_CHARS = 800
 _COMPACT_RENDER_CHARS = 2500
+_COMPACT_ANALYSIS_CHARS = 800
+_HISTORY_CHARS = 6000  # of the coder's history of the cycle's earlier attempts
 
 _CHARS_PER_TOKEN = 3.5  # conservative for English and code with BPE tokenizers (measured ~3.8-4.2)
 _CHAT_OVERHEAD_TOKENS = 64  # the chat template's role markers around the messages
@@ -126,10 +135,11 @@ def prompt(name: str, **values) -> str:
     return Template(text).substitute({k: "" if v is None else str(v) for k, v in values.items()})
 
 
-def _usage(ledger: TokenLedger) -> Usage:
+def _usage(ledger: TokenLedger, client: LLMClient) -> Usage:
     t = ledger.totals()
     return Usage(prompt_tokens=int(t["prompt_tokens"]), completion_tokens=int(t["completion_tokens"]),
-                 cost_usd=float(t["cost_usd"]))
+                 cost_usd=float(t["cost_usd"]), cached_prompt_tokens=int(t["cached_prompt_tokens"]),
+                 transcript=list(getattr(client, "transcript", [])))
 
 
 def _errors_section(errors: list[str]) -> str:
@@ -139,29 +149,40 @@ def _errors_section(errors: list[str]) -> str:
     return f"\nYour previous edit script was REJECTED, nothing of it was applied. Fix these problems:\n{lines}\n"
 
 
-def _task_pieces(task: Task, budget: PromptBudget) -> dict[str, int]:
+def _task_pieces(task: Task, budget: PromptBudget, analysis: str = "") -> dict[str, int]:
     spec = len(task.spec_text)
-    return {"spec": min(spec, _COMPACT_SPEC_CHARS) if budget.compact else spec, "reference": len(task.reference_source)}
+    return {"spec": min(spec, _COMPACT_SPEC_CHARS) if budget.compact else spec, "reference": len(task.reference_source),
+            "analysis": min(len(analysis), _COMPACT_ANALYSIS_CHARS) if budget.compact else len(analysis)}
 
 
-def _task_fields(task: Task, limits: dict[str, int], budget: PromptBudget) -> dict:
-    spec = _clip(task.spec_text, limits["spec"])
-    short = min(_COMPACT_SHORT_SPEC_CHARS if budget.compact else _SHORT_SPEC_CHARS, limits["spec"])
-    return {
-        "task_name": task.name,
-        "language": task.spec.language,
-        "task_spec": spec,
-        "task_summary": spec if len(spec) <= short else spec[:short] + "\n[...]",
-        "reference": _clip(task.reference_source, limits["reference"]),
-    }
+def _task_fields(task: Task, limits: dict[str, int], sol: SpeedOfLight | None, analysis: str = "",
+                 seed: str = "") -> dict:
+    """The prompt's stable head (prompt_parts.task_block), and the old templates' fields for custom prompt folders."""
+    spec = compact_spec(task.spec_text, limits["spec"])
+    reference = _clip(task.reference_source, limits["reference"])
+    block = task_block(task, spec=spec, reference=reference, sol=sol, seed=seed,
+                       analysis=_clip(analysis, limits["analysis"]))
+    return {"task_block": block, "task_name": task.name, "language": task.spec.language, "task_spec": spec,
+            "task_summary": spec, "reference": reference, "seed_section": seed}
+
+
+def _seed_section(task: Task, wm: WorldModel, limit: int) -> str:
+    """The planner's view of the root's code: the seed and its measured score (fixed for the run)."""
+    if not task.seed_source or not limit:
+        return ""
+    root = wm.nodes["root"].attachment
+    measured = f" (measured: score {root.score:.4g}x vs. the reference)" if root else ""
+    return f"# Seed solution, attached to the root{measured}\n```python\n{_clip(task.seed_source, limit)}\n```\n"
 
 
 def _attempt_lines(attempts: list[dict]) -> str:
-    return "\n".join(
-        f"- {a['id']} ({a['prompt_kind']}): {a['status']}"
-        + (f", score {a['score']:.4g}x, {a['latency_us']:.4g} us" if a["status"] == "passed" and a["latency_us"] else "")
-        for a in attempts
-    )
+    def line(a: dict) -> str:
+        text = f"- {a['id']} ({a['prompt_kind']}): {a['status']}"
+        if a["status"] == "passed" and a["latency_us"]:
+            return text + f", score {a['score']:.4g}x, {a['latency_us']:.4g} us"
+        return text + (f": {headline(a.get('log'))}" if headline(a.get("log")) else "")
+
+    return "\n".join(line(a) for a in attempts)
 
 
 def _files_block(files: dict[str, str] | None, limit: int | None = None) -> str:
@@ -192,28 +213,31 @@ class LLMPlanner:
         try:
             script, _ = client.structured(messages, schema)
         except StructuredOutputError as e:
-            raise PlannerOutputError(e.errors, _usage(ledger)) from None
-        return script, _usage(ledger)
+            raise PlannerOutputError(e.errors, _usage(ledger, client)) from None
+        return script, _usage(ledger, client)
 
-    def initial(self, task: Task, wm: WorldModel, *, errors: list[str]):
-        root = wm.nodes["root"].attachment
-        measured = f" (measured: score {root.score:.4g}x vs. the reference)" if root else ""
-        budget = self.budget
-
+    def initial(self, task: Task, wm: WorldModel, *, errors: list[str], sol: SpeedOfLight | None = None):
         def build(limits):
-            seed = ""
-            if task.seed_source and limits["seed"]:
-                seed = f"\n# Seed solution, attached to the root{measured}\n```python\n{_clip(task.seed_source, limits['seed'])}\n```\n"
-            return prompt("init_world_model", **_task_fields(task, limits, budget), seed_section=seed,
+            return prompt("init_world_model", **self._fields(task, wm, limits, sol, analysis=""),
                           errors_section=_errors_section(errors))
 
-        return self._ask(build, {**_task_pieces(task, budget), "seed": len(task.seed_source or "")}, InitScript)
+        return self._ask(build, self._pieces(task, ""), InitScript)
 
-    def after_cycle(self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str]):
+    def _fields(self, task: Task, wm: WorldModel, limits: dict[str, int], sol, *, analysis: str) -> dict:
+        return _task_fields(task, limits, sol, analysis, _seed_section(task, wm, limits["seed"]))
+
+    def _pieces(self, task: Task, analysis: str, **more: int) -> dict[str, int]:
+        return {**_task_pieces(task, self.budget, analysis), "seed": len(task.seed_source or ""), **more}
+
+    def after_cycle(self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str],
+                    sol: SpeedOfLight | None = None):
         b = evidence.best
         observed = f"{b['score'] / evidence.parent_score:.3g}x vs. the parent" if evidence.parent_score else \
             f"score {b['score']:.4g}x vs. the reference"
         code = _files_block(evidence.best_files)
+        table = performance_table(evidence.best_result, sol, parent=evidence.parent_result) \
+            if evidence.best_result else ""
+        performance = f"\n# Performance of {b['id']}, per workload\n{table}\n" if table else ""
 
         def outcome(limits):
             return f"\n# The cycle's best code ({b['id']}, now attached to {evidence.node_id})\n```\n{_clip(code, limits['outcome'])}\n```\n"
@@ -221,35 +245,69 @@ class LLMPlanner:
         instructions = (f"Node {evidence.node_id} is now closed. Insert 1-3 open actions under it (at least one: the "
                         "continuation of this success), re-score other open actions with what you learned "
                         "(update), prune ones that are now wrong or dominated.")
-        return self._update(task, wm, evidence, observed, outcome, len(code), instructions, errors)
+        return self._update(task, wm, evidence, observed, performance, outcome, len(code), instructions, errors, sol)
 
-    def too_hard(self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str]):
+    def too_hard(self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str],
+                 sol: SpeedOfLight | None = None):
         log = evidence.last_log[: _COMPACT_LOG_CHARS if self.budget.compact else _LOG_CHARS]
+        code = _files_block(evidence.last_failed_files)
+        table = performance_table(evidence.parent_result, sol) if evidence.parent_result else ""
+        performance = f"\n# Performance of the code the action started from, per workload\n{table}\n" if table else ""
 
         def outcome(limits):
-            return f"\n# No attempt passed. Last failure:\n```\n{_clip(log, limits['outcome'])}\n```\n"
+            # The code and its failure both: was the idea wrong, or only its implementation?
+            share = limits["outcome"]
+            shown = _clip(code, max(0, share - min(len(log), share // 3))) if code else ""
+            text = f"\n# No attempt passed. The last failed attempt ({evidence.last_failed_id or '?'})\n"
+            if shown:
+                text += f"```\n{shown}\n```\n"
+            return text + f"Its failure:\n```\n{_clip(log, max(0, share - len(shown)))}\n```\n"
 
-        instructions = (f"The action on {evidence.node_id} was too hard as stated. Down-score it (update value / "
+        instructions = (f"The action on {evidence.node_id} was too hard as stated. Judge from the code and its "
+                        "failure whether the idea or only its implementation failed: down-score it (update value / "
                         "difficulty), rewrite it into something implementable, split it into smaller steps, or "
                         "prune it if the idea itself is wrong.")
-        return self._update(task, wm, evidence, "no passing attempt", outcome, len(log), instructions, errors)
+        return self._update(task, wm, evidence, "no passing attempt", performance, outcome, len(code) + len(log),
+                            instructions, errors, sol)
 
-    def _update(self, task, wm, evidence, observed, outcome, outcome_chars, instructions, errors):
+    def refill(self, task: Task, wm: WorldModel, *, errors: list[str], sol: SpeedOfLight | None = None,
+               best: tuple[str, EvalResult] | None = None):
+        """New actions for a weak frontier, asked at a cycle's start (the reference's refill step)."""
+        budget = self.budget
+        render_chars = min(self.render_chars, _COMPACT_RENDER_CHARS) if budget.compact else self.render_chars
+        table = performance_table(best[1], sol) if best else ""
+        best_section = f"\n# The best kernel so far ({best[0]}), per workload\n{table}\n" if table else ""
+        values = [n.action.value for n in wm.frontier()]
+        state = (f"The frontier is weak: its best action has value {max(values):.2g} (none above {WEAK_VALUE})."
+                 if values else "The frontier is empty: no open action can be selected.")
+
+        def build(limits):
+            view = render(wm, budget_chars=limits["world_model"]) if limits["world_model"] else ""
+            return prompt("refill_world_model", **self._fields(task, wm, limits, sol, analysis=wm.analysis),
+                          world_model=view, best_section=best_section, frontier_state=state,
+                          errors_section=_errors_section(errors))
+
+        return self._ask(build, self._pieces(task, wm.analysis, world_model=render_chars))
+
+    def _update(self, task, wm, evidence, observed, performance, outcome, outcome_chars, instructions, errors, sol):
         action = wm.nodes[evidence.node_id].action
         budget = self.budget
         render_chars = min(self.render_chars, _COMPACT_RENDER_CHARS) if budget.compact else self.render_chars
+        note = (f"\nThe frontier is weak (no open action has value above {WEAK_VALUE}): add new actions worth trying "
+                "and re-score the open ones.\n") if weak_frontier(wm) else ""
 
         def build(limits):
             # The world model is cut by re-rendering it with a smaller budget: whole nodes, never half a line.
             view = render(wm, budget_chars=limits["world_model"], focus=evidence.node_id) if limits["world_model"] else ""
             return prompt(
-                "update_world_model", **_task_fields(task, limits, budget), world_model=view,
+                "update_world_model", **self._fields(task, wm, limits, sol, analysis=wm.analysis), world_model=view,
                 node_id=evidence.node_id, action_title=action.title, action_description=action.description,
                 predicted_gain=action.predicted_gain, observed=observed, attempts=_attempt_lines(evidence.attempts),
-                outcome_section=outcome(limits), instructions=instructions, errors_section=_errors_section(errors),
+                performance_section=performance, outcome_section=outcome(limits), instructions=instructions,
+                frontier_note=note, errors_section=_errors_section(errors),
             )
 
-        return self._ask(build, {**_task_pieces(task, budget), "world_model": render_chars, "outcome": outcome_chars})
+        return self._ask(build, self._pieces(task, wm.analysis, world_model=render_chars, outcome=outcome_chars))
 
 
 _FORMAT_RULES = {
@@ -273,24 +331,46 @@ class LLMCoder:
         rules = Template(_FORMAT_RULES[task.spec.language]).substitute(entry=task.spec.entry_point)
         system = prompt("coder_system", format_rules=rules, atol=task.spec.tolerance.atol, rtol=task.spec.tolerance.rtol)
         feedback = request.feedback[: _COMPACT_LOG_CHARS if budget.compact else None]
-        pieces = {**_task_pieces(task, budget), "base": len(_files_block(request.base_files) or task.seed_source or ""),
-                  "last": len(_files_block(request.last_files)), "feedback": len(feedback)}
-        _, user = fit_prompt(lambda limits: [system, self._user_prompt(request, limits, budget, feedback)], pieces, budget)
+        history = self._history(request, _HISTORY_CHARS)
+        pieces = {**_task_pieces(task, budget, request.analysis),
+                  "base": len(_files_block(request.base_files) or task.seed_source or ""),
+                  "last": len(_files_block(request.last_files)), "feedback": len(feedback), "history": len(history)}
+        _, user = fit_prompt(lambda limits: [system, self._user_prompt(request, limits, feedback)], pieces, budget)
         ledger = TokenLedger()
         client = LLMClient(self.settings, "coder", ledger, chat_model=self.chat_model)
         text, _ = client.text([SystemMessage(content=system), HumanMessage(content=user)])
         try:
             files = extract_code(text, language=task.spec.language, default_file=task.spec.solution_file)
         except CodeExtractionError as e:
-            return CodeAnswer(files={}, usage=_usage(ledger), error=f"no usable code in the answer: {e}")
-        return CodeAnswer(files=files, usage=_usage(ledger))
+            return CodeAnswer(files={}, usage=_usage(ledger, client), error=f"no usable code in the answer: {e}")
+        return CodeAnswer(files=files, usage=_usage(ledger, client))
 
     @staticmethod
-    def _user_prompt(request: CodeRequest, limits: dict[str, int], budget: PromptBudget, feedback: str) -> str:
+    def _shows_last(request: CodeRequest) -> bool:
+        """Whether the prompt shows the last attempt whole (debug; improve when the last is not the best)."""
+        if request.kind == "debug":
+            return True
+        return bool(request.kind == "improve" and request.last_summary
+                    and request.last_summary["id"] != request.base_summary["id"])
+
+    @classmethod
+    def _history(cls, request: CodeRequest, limit: int) -> str:
+        if request.kind == "first" or not request.history:
+            return ""
+        sources = {h["id"]: f for h, f in zip(request.history, request.history_files)}
+        if request.base_summary and request.base_files:
+            sources.setdefault(request.base_summary.get("id"), request.base_files)
+        return history_section(request.history, [sources.get(h.get("derived_from")) for h in request.history],
+                               request.history_files, skip_last=cls._shows_last(request), limit=limit)
+
+    @classmethod
+    def _user_prompt(cls, request: CodeRequest, limits: dict[str, int], feedback: str) -> str:
         task = request.task
         a = request.action
-        fields = {**_task_fields(task, limits, budget), "action_title": a["title"], "action_description": a["description"],
-                  "action_rationale": a.get("rationale", ""), "feedback": _clip(feedback, limits["feedback"])}
+        fields = {**_task_fields(task, limits, request.sol, request.analysis), "action_title": a["title"],
+                  "action_description": a["description"], "action_rationale": a.get("rationale", ""),
+                  "feedback": _clip(feedback, limits["feedback"]),
+                  "history_section": cls._history(request, limits["history"])}
         if request.base_files:
             base = (f"# Start from this code (score {request.base_summary.get('score') or 0:.4g}x)\n```\n"
                     f"{_files_block(request.base_files, limits['base'])}\n```\n")
@@ -307,7 +387,7 @@ class LLMCoder:
             return prompt("code_debug", **fields, base_section=base, last_id=request.last_summary["id"],
                           last_code=_files_block(request.last_files, limits["last"]))
         last = ""
-        if request.last_summary and request.last_summary["id"] != request.base_summary["id"]:
+        if cls._shows_last(request):
             last = (f"\nThe last attempt ({request.last_summary['id']}: {request.last_summary['status']}):\n```\n"
                     f"{_files_block(request.last_files, limits['last'])}\n```\n")
         return prompt("code_improve", **fields, best_id=request.base_summary["id"],

@@ -85,7 +85,7 @@ class OfflinePlanner:
     def _rng(self, key: str) -> random.Random:
         return random.Random(f"{self.seed}:{key}")
 
-    def initial(self, task: Task, wm: WorldModel, *, errors: list[str]) -> tuple[EditScript, Usage]:
+    def initial(self, task: Task, wm: WorldModel, *, errors: list[str], sol=None) -> tuple[EditScript, Usage]:
         template = _require_template(task)
         base = {**default_params(task), **params_of(_seed_files(task))}
         ops = []
@@ -106,7 +106,7 @@ class OfflinePlanner:
                     f"families {list(template.variants)}; knobs {knobs}.")
         return EditScript(analysis=analysis, ops=ops), Usage()
 
-    def after_cycle(self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str]):
+    def after_cycle(self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str], sol=None):
         node = wm.nodes[evidence.node_id]
         params = params_of(evidence.best_files) or dict(node.action.params)
         score = evidence.best["score"]
@@ -135,7 +135,7 @@ class OfflinePlanner:
         ops.append(UpdateOp(op="update", node=evidence.node_id, rating=round(10 * min(1.0, score / top), 2)))
         return EditScript(reflection=_reflection(evidence, task, params), ops=ops), Usage()
 
-    def too_hard(self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str]):
+    def too_hard(self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str], sol=None):
         node = wm.nodes[evidence.node_id]
         reflection = _reflection(evidence, task, dict(node.action.params))
         # Prune after the second failed cycle; if the tree forbids it (the last open child of a solved

@@ -17,6 +17,15 @@ from .world_model import Node, WorldModel
 
 PolicyName = Literal["greedy", "failure_aware"]
 
+# The reference's refill rule: a frontier whose best action's V is not above this is weak, and the planner is asked
+# for new actions before the next cycle starts (nodes/select_plans.py).
+WEAK_VALUE = 0.5
+
+
+def weak_frontier(wm: WorldModel) -> bool:
+    """No open action valued above WEAK_VALUE, or none at all."""
+    return not any(n.action.value > WEAK_VALUE for n in wm.frontier())
+
 
 def _node_number(node: Node) -> tuple[int, str]:
     # n2 before n10; ids are "n<k>" but sort robustly if not.

@@ -1,7 +1,8 @@
 """The live CLI view: one line per event, from the graph's custom stream.
 
 Plain lines (not a redrawn screen) so the same view works in a terminal, a log file and CI.
-Every attempt line carries the budget, the attempt's status, the best score so far and the tokens spent.
+Every attempt line carries the budget, the attempt's status, the best score so far and the tokens spent, and with GPU
+timings the fraction of the speed-of-light floor it reached (flagged when faster than the floor).
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ class ProgressPrinter:
         score = f"{e['score']:.4g}x" if e["status"] == "passed" else ""
         where = "seed" if e["prompt_kind"] == "seed" else f"{e['iteration']:>3}/{self.budget}"
         cost = f" ${tokens['cost_usd']:.3f}" if tokens["cost_usd"] else ""
-        line = (f"[{where}] {e['attempt_id']:<7} {e['prompt_kind']:<7} {e['status']:<20} {score:<9} "
+        floor = f" ({100 * e['floor_fraction']:.3g}% of floor)" if e.get("floor_fraction") else ""
+        if e.get("implausible"):
+            floor += " IMPLAUSIBLE: faster than the floor"
+        line = (f"[{where}] {e['attempt_id']:<7} {e['prompt_kind']:<7} {e['status']:<20} {score:<9}{floor} "
                 f"| best {best} | tokens {tokens['total_tokens']}{cost}")
         self._print(line)
         if e["status"] != "passed":

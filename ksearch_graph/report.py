@@ -15,6 +15,7 @@ the store may be LLM output, so every such string goes through ``html.escape`` b
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import json
@@ -27,6 +28,7 @@ from matplotlib.figure import Figure
 from .integrity import open_for_reading
 from .run_dir import RunDir
 from .search import state_at, summary
+from .speed_of_light import fmt_percent, row_fractions, run_work, sol_summary
 from .world_model import ROOT, Node, WorldModel
 
 PLOT_FILE = "best_score.png"
@@ -63,6 +65,7 @@ class RunFacts:
     tokens_per_attempt: dict[str, int]
     active_s: float
     llm_models: str  # "planner X, coder Y" for LLM runs, "" offline
+    floor_fractions: dict[str, dict]  # attempt id -> speed_of_light.Fractions.as_dict(), for GPU-timed attempts
 
 
 def load_facts(run: RunDir) -> RunFacts:
@@ -75,6 +78,8 @@ def load_facts(run: RunDir) -> RunFacts:
         titles = {ev["data"]["cycle_id"]: ev["data"]["title"] for ev in store.events("cycle_started")}
         best_files = store.get_source(values["best"]["source_hash"]) if values.get("best") else {}
         active_s = store.active_seconds()
+        work = functools.cache(lambda: run_work(store, run.task(), save=False))
+        fractions = {a["id"]: row_fractions(a, work) for a in attempts}
     finally:
         store.close()
     by_id = {a["id"]: a for a in attempts}
@@ -96,6 +101,7 @@ def load_facts(run: RunDir) -> RunFacts:
         tokens_per_attempt={a["id"]: (a["prompt_tokens"] or 0) + (a["completion_tokens"] or 0) for a in attempts},
         active_s=active_s,
         llm_models="" if cfg.planner == "offline" else f"planner {cfg.planner_llm.model}, coder {cfg.coder_llm.model}",
+        floor_fractions={aid: f.as_dict() for aid, f in fractions.items() if f is not None},
     )
 
 
@@ -259,6 +265,8 @@ def header_rows(facts: RunFacts) -> list[tuple[str, str]]:
         ("search time", f"{facts.active_s:.1f} s (code generation + evaluation)"),
         ("total tokens", f"{info['tokens']['total_tokens']} (cost ${info['tokens']['cost_usd']:.4f})"),
     ]
+    if info["best"] and info["best"].get("speed_of_light"):
+        rows.append(("speed of light", "best attempt: " + sol_summary(info["best"]["speed_of_light"])))
     if info["gpu_models"]:
         rows.append(("GPU model", gpu_models_text(info["gpu_models"])))
     if info["branched_from"]:
@@ -302,8 +310,8 @@ def attempts_heading(facts: RunFacts) -> str:
     return f"{facts.info['attempts']}" + (", and the seed" if seed else "")
 
 
-ATTEMPT_COLUMNS = ["iter", "attempt", "cycle", "node", "prompt", "status", "score", "latency", "tokens", "eval s",
-                   "error (failures) / flags (passed)"]
+ATTEMPT_COLUMNS = ["iter", "attempt", "cycle", "node", "prompt", "status", "score", "latency", "of floor", "tokens",
+                   "eval s", "error (failures) / flags (passed)"]
 
 
 def attempt_flags(a: dict) -> str:
@@ -315,10 +323,23 @@ def attempt_flags(a: dict) -> str:
     return "flags: " + ", ".join(map(str, flags)) if flags else ""
 
 
+def floor_cell(facts: RunFacts, attempt_id: str) -> str:
+    """The attempt's fraction of the speed-of-light floor; "!" marks one faster than the floor (implausible)."""
+    fr = facts.floor_fractions.get(attempt_id)
+    if fr is None:
+        return "–"
+    return fmt_percent(fr["fraction"]) + (" !" if fr["implausible"] else "")
+
+
 def attempt_cells(facts: RunFacts, a: dict) -> list[str]:
+    flags = attempt_flags(a)
+    fr = facts.floor_fractions.get(a["id"])
+    if fr and fr["implausible"]:
+        flags = (flags + "; " if flags else "") + "faster than the floor on " + ", ".join(fr["implausible"])
     return [str(a["iteration"]), a["id"], a["cycle_id"], a["node_id"], a["prompt_kind"], a["status"],
-            attempt_score(a), fmt_latency(a["latency_us"]), str(facts.tokens_per_attempt[a["id"]]),
-            f"{a['eval_s'] or 0:.1f}", attempt_flags(a) if a["status"] == "passed" else log_headline(a["log_excerpt"])]
+            attempt_score(a), fmt_latency(a["latency_us"]), floor_cell(facts, a["id"]),
+            str(facts.tokens_per_attempt[a["id"]]), f"{a['eval_s'] or 0:.1f}",
+            flags if a["status"] == "passed" else log_headline(a["log_excerpt"])]
 
 
 # ---------------------------------------------------------------------------------------------- HTML
@@ -392,13 +413,19 @@ def _numeric(*columns: int) -> dict[int, str]:
 
 def _html_tokens(facts: RunFacts) -> str:
     tokens = facts.info["tokens"]
-    rows = [[role, str(v["calls"]), str(v["prompt_tokens"]), str(v["completion_tokens"]), f"${v['cost_usd']:.4f}"]
-            for role, v in sorted(tokens["per_role"].items())]
+    rows = _token_rows(tokens)
     return ('<section id="tokens"><h2>Tokens and cost</h2>'
             f'<p>total <span id="total-tokens" data-value="{tokens["total_tokens"]}">{tokens["total_tokens"]}</span>'
             f' tokens, ${tokens["cost_usd"]:.4f}</p>'
-            + _table(["role", "calls", "prompt tokens", "completion tokens", "cost"], rows, table_id="tokens-table",
-                     col_classes=_numeric(1, 2, 3, 4)) + "</section>")
+            + _table(TOKEN_COLUMNS, rows, table_id="tokens-table", col_classes=_numeric(1, 2, 3, 4, 5)) + "</section>")
+
+
+TOKEN_COLUMNS = ["role", "calls", "prompt tokens", "of them cached", "completion tokens", "cost"]
+
+
+def _token_rows(tokens: dict) -> list[list[str]]:
+    return [[role, str(v["calls"]), str(v["prompt_tokens"]), str(v.get("cached_prompt_tokens", 0)),
+             str(v["completion_tokens"]), f"${v['cost_usd']:.4f}"] for role, v in sorted(tokens["per_role"].items())]
 
 
 def _html_tree(facts: RunFacts) -> str:
@@ -439,7 +466,7 @@ def _html_attempts(facts: RunFacts) -> str:
     classes = ["best" if a["id"] == best_id else "" for a in facts.attempts]
     # The last column holds compiler and traceback text: a monospace cell reads better.
     table = _table(ATTEMPT_COLUMNS, rows, table_id="attempts-table", row_classes=classes,
-                   col_classes={**_numeric(0, 6, 7, 8, 9), 10: "log"})
+                   col_classes={**_numeric(0, 6, 7, 8, 9, 10), 11: "log"})
     return f'<section id="attempts"><h2>All attempts ({attempts_heading(facts)})</h2>{table}</section>'
 
 
@@ -475,9 +502,7 @@ def render_markdown(facts: RunFacts) -> str:
     if note := timing_note(facts):
         lines += [f"> **Note:** {note}", ""]
     lines += ["## Tokens and cost", ""]
-    lines += _md_table(["role", "calls", "prompt tokens", "completion tokens", "cost"],
-                       [[r, str(v["calls"]), str(v["prompt_tokens"]), str(v["completion_tokens"]),
-                         f"${v['cost_usd']:.4f}"] for r, v in sorted(info["tokens"]["per_role"].items())])
+    lines += _md_table(TOKEN_COLUMNS, _token_rows(info["tokens"]))
     lines += ["## Best score vs iteration", "", f"![best score vs iteration]({PLOT_FILE})", ""]
     lines += ["## World model (final)", ""]
     if facts.world_model is not None:

@@ -5,6 +5,7 @@ The CLI is a thin shell over these functions; tests and other programs can call 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -20,6 +21,7 @@ from .gpu_record import keep_to_branch
 from .graph import build_search_graph
 from .integrity import open_for_reading
 from .run_dir import RunDir, RunDirError, copy_sqlite
+from .speed_of_light import row_fractions, run_work
 from .store import attempt_summary
 from .world_model import WorldModel, check_invariants
 
@@ -306,6 +308,7 @@ def summary(run: RunDir) -> dict:
         best = values.get("best")
         wm = WorldModel.from_state(values["world_model"]) if values.get("world_model") else None
         attempts = store.attempts()
+        work = functools.cache(lambda: run_work(store, run.task(), save=False))
         return {
             "run_dir": str(run.path),
             "task": run.task().name,
@@ -315,7 +318,8 @@ def summary(run: RunDir) -> dict:
             "iteration_budget": run.config.budget.iterations,
             "attempts": len([a for a in attempts if a["prompt_kind"] != "seed"]),
             "passed": len([a for a in attempts if a["status"] == "passed" and a["prompt_kind"] != "seed"]),
-            "best": None if not best else {k: best[k] for k in ("attempt_id", "score", "latency_us", "node_id")},
+            "best": None if not best else {k: best[k] for k in ("attempt_id", "score", "latency_us", "node_id")} | {
+                "speed_of_light": _as_dict(row_fractions(store.get_attempt(best["attempt_id"]), work))},
             "tokens": store.token_totals(),
             "stop_reason": values.get("stop_reason"),
             "frontier": [] if wm is None else [
@@ -328,6 +332,10 @@ def summary(run: RunDir) -> dict:
         }
     finally:
         store.close()
+
+
+def _as_dict(fractions) -> dict | None:
+    return fractions.as_dict() if fractions is not None else None
 
 
 def iter_tree_lines(wm: WorldModel) -> Iterator[str]:

@@ -6,6 +6,8 @@ Graph state stays small (ids, counters, the compact tree); everything big lives 
 - ``generations``: each code/plan generation keyed by a deterministic id, so a node re-run after a
   crash reuses the answer instead of paying for it twice,
 - ``llm_calls``: the token/cost ledger per role,
+- ``exchanges``: every prompt sent to an LLM and its raw answer, compressed, under the generation's key
+  (``transcripts.py``),
 - ``world_models``: a snapshot of the tree after every update,
 - ``events``: a chronological log for progress views and reports.
 
@@ -66,9 +68,11 @@ _SCHEMA = {
             "cost_usd": float,
             "seconds": float,
             "created": float,
+            "cached_prompt_tokens": int,
         },
         "id",
     ),
+    "exchanges": ({"key": str, "role": str, "purpose": str, "data": bytes, "created": float}, "key"),
     "world_models": ({"id": int, "iteration": int, "reason": str, "tree": str, "created": float}, "id"),
     "events": ({"id": int, "kind": str, "data": str, "created": float}, "id"),
     "meta": ({"key": str, "value": str}, "key"),
@@ -126,9 +130,18 @@ class RunStore:
         self.db.enable_wal()
         self._lock = threading.RLock()
         self.read_only = False
-        for name, (columns, pk) in _SCHEMA.items():
-            if not self.db[name].exists():
-                self.db[name].create(columns, pk=pk)
+        try:
+            for name, (columns, pk) in _SCHEMA.items():
+                if not self.db[name].exists():
+                    self.db[name].create(columns, pk=pk)
+                else:  # a run directory from before a column existed: add it (old rows read as null)
+                    for column, kind in columns.items():
+                        if column not in self.db[name].columns_dict:
+                            self.db[name].add_column(column, kind)
+        except sqlite3.OperationalError as e:
+            if "readonly" not in str(e):
+                raise
+            # A read-only copy of an older run: readable as it is (the readers below do without what it lacks).
         if not self.db["attempts"].indexes:
             self.db["attempts"].create_index(["cycle_id"])
         self._settle()
@@ -280,16 +293,43 @@ class RunStore:
                 "cost_usd": float(usage.get("cost_usd", 0.0)),
                 "seconds": seconds,
                 "created": time.time(),
+                "cached_prompt_tokens": int(usage.get("cached_prompt_tokens", 0)),
             }
         )
 
+    @_writes
+    def record_exchanges(self, key: str, role: str, purpose: str, transcript: list[dict]) -> None:
+        """The prompts and raw answers of one generation (``key`` as in ``generations``), compressed; a re-run
+        replaces them."""
+        from .transcripts import pack
+
+        if transcript:
+            self.db["exchanges"].insert({"key": key, "role": role, "purpose": purpose, "data": pack(transcript),
+                                         "created": time.time()}, replace=True)
+
+    @_locked
+    def exchanges(self, prefix: str = "") -> list[dict]:
+        """Recorded exchanges whose key starts with ``prefix``, oldest first: [{"key", "role", "purpose",
+        "transcript", "created"}]."""
+        from .transcripts import unpack
+
+        if not self.db["exchanges"].exists():
+            return []
+        rows = self.db.query("select * from exchanges where substr(key, 1, ?) = ? order by created",
+                             [len(prefix), prefix])
+        return [{"key": r["key"], "role": r["role"], "purpose": r["purpose"], "transcript": unpack(r["data"]),
+                 "created": r["created"]} for r in rows]
+
     @_locked
     def token_totals(self) -> dict[str, Any]:
+        cached = "cached_prompt_tokens" if "cached_prompt_tokens" in self.db["llm_calls"].columns_dict else "0"
         per_role = {
-            r["role"]: {k: r[k] for k in ("prompt_tokens", "completion_tokens", "cost_usd", "calls")}
+            r["role"]: {k: r[k] or 0 for k in ("prompt_tokens", "cached_prompt_tokens", "completion_tokens",
+                                               "cost_usd", "calls")}
             for r in self.db.query(
-                "select role, sum(prompt_tokens) prompt_tokens, sum(completion_tokens) completion_tokens, "
-                "sum(cost_usd) cost_usd, count(*) calls from llm_calls group by role"
+                f"select role, sum(prompt_tokens) prompt_tokens, sum({cached}) cached_prompt_tokens, "
+                "sum(completion_tokens) completion_tokens, sum(cost_usd) cost_usd, count(*) calls from llm_calls "
+                "group by role"
             )
         }
         total = sum(v["prompt_tokens"] + v["completion_tokens"] for v in per_role.values())
@@ -303,6 +343,13 @@ class RunStore:
         self.db["world_models"].insert(
             {"iteration": iteration, "reason": reason, "tree": json.dumps(tree), "created": time.time()}
         )
+
+    @_locked
+    def analysis(self) -> str:
+        """The planner's analysis of the task, as the latest world-model snapshot keeps it ("" before one)."""
+        row = self.db.execute("select json_extract(tree, '$.analysis') from world_models order by id desc "
+                              "limit 1").fetchone()
+        return (row[0] or "") if row else ""
 
     @_writes
     def log_event(self, kind: str, **data: Any) -> None:
@@ -334,10 +381,11 @@ class RunStore:
         doomed = [r["id"] for r in self.db.query("select id, cycle_id from attempts") if r["cycle_id"] not in cycle_ids]
         for attempt_id in doomed:
             self.db["attempts"].delete(attempt_id)
-        for (key,) in self.db.execute("select key from generations").fetchall():
-            cycle = _cycle_of_generation(key)
-            if cycle is not None and cycle not in cycle_ids:
-                self.db.execute("delete from generations where key = ?", [key])
+        for table in ("generations", "exchanges"):
+            for (key,) in self.db.execute(f"select key from {table}").fetchall():
+                cycle = _cycle_of_generation(key)
+                if cycle is not None and cycle not in cycle_ids:
+                    self.db.execute(f"delete from {table} where key = ?", [key])
         # The world models and events of the forgotten cycles' future go too: `ksearch recover` reads them.
         for row_id, reason in self.db.execute("select id, reason from world_models").fetchall():
             cycle = _cycle_of_update(reason)
@@ -359,9 +407,10 @@ class RunStore:
         for (attempt_id,) in self.db.execute("select id from attempts where cycle_id = ?", [cycle_id]).fetchall():
             if later(attempt_id):
                 self.db.execute("delete from attempts where id = ?", [attempt_id])
-        for (key,) in self.db.execute("select key from generations").fetchall():
-            if later(key) or key.startswith(f"update:{cycle_id}:"):
-                self.db.execute("delete from generations where key = ?", [key])
+        for table in ("generations", "exchanges"):
+            for (key,) in self.db.execute(f"select key from {table}").fetchall():
+                if later(key) or key.startswith(f"update:{cycle_id}:"):
+                    self.db.execute(f"delete from {table} where key = ?", [key])
         for row_id, reason in self.db.execute("select id, reason from world_models").fetchall():
             if _cycle_of_update(reason) == cycle_id:
                 self.db.execute("delete from world_models where id = ?", [row_id])
@@ -371,15 +420,18 @@ class RunStore:
 
 
 def _cycle_of_update(reason: str) -> str | None:
-    """The cycle a world-model snapshot merged: 'update after c3' / 'too-hard update after c3' -> c3."""
-    return reason.rsplit(" ", 1)[1] if reason and "update after " in reason else None
+    """The cycle a world-model snapshot belongs to: 'update after c3' / 'too-hard update after c3' -> c3, and the
+    refill before it, 'refill before c3' -> c3."""
+    if reason and ("update after " in reason or reason.startswith("refill before ")):
+        return reason.rsplit(" ", 1)[1]
+    return None
 
 
 def _cycle_of_generation(key: str) -> str | None:
     """The cycle a cached generation belongs to: 'c3.2:code' -> c3, 'update:c3:0' -> c3, 'init:0' -> None
-    (rolling cycles: 'merge:c3' and 'round:c3' -> c3)."""
+    (rolling cycles: 'merge:c3' and 'round:c3' -> c3; the refill before a cycle: 'refill:c3:0' -> c3)."""
     head = key.split(":")
-    if head[0] in ("update", "merge", "round"):
+    if head[0] in ("update", "merge", "round", "refill"):
         return head[1]
     if "." in head[0]:
         return head[0].split(".")[0]

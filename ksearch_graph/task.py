@@ -36,11 +36,27 @@ class Tolerance(BaseModel):
     matched_ratio: float = Field(1.0, gt=0, le=1)
 
 
+ComputeKind = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]  # gpu_specs.COMPUTE_KINDS
+
+
+class WorkloadWork(BaseModel):
+    """What a workload must at least do, for its speed-of-light floor (speed_of_light.py)."""
+
+    model_config = {"extra": "forbid"}
+
+    bytes: int = Field(ge=0)  # moved to and from device memory: inputs read once, outputs written once
+    flops: int = Field(0, ge=0)
+    compute: ComputeKind | None = None  # the arithmetic the flops may run on; None: by the tolerance
+    note: str = ""
+
+
 class Workload(BaseModel):
     name: str
     params: dict[str, Any]
     # False for correctness-only cases (GPU MODE's "test" shapes): checked, never timed.
     timed: bool = True
+    # Declared work for the speed-of-light floor; None: the reference's speed_of_light(params), else derived.
+    work: WorkloadWork | None = None
 
 
 class TemplateParameter(BaseModel):

@@ -433,59 +433,74 @@ def ensure_continuation(wm: WorldModel, node_id: str) -> WorldModel:
 # ----------------------------------------------------------------------------- prompt rendering
 
 
+# Detail levels of an open node's line: (description chars, note chars); None drops the field.
+_DETAIL = {"full": (300, 400), "short": (120, 160), "bare": (None, None)}
+FRONTIER_SHARE = 2 / 3  # of the budget, that the frontier's detail level is chosen to fit in
+
+
 def render(wm: WorldModel, *, budget_chars: int = 6000, focus: str | None = None) -> str:
     """A compact, prompt-sized view of the tree: one complete JSON object per line.
 
-    Nodes go in order of usefulness (root, the focus node's path, the frontier by V, closed nodes by
-    score, the rest) and the view stops before the budget is exceeded, so no JSON is ever cut
-    mid-structure. Omitted nodes are counted in a last line.
+    The whole frontier is always shown (the planner re-scores it): at the richest detail that fits in two thirds of
+    the budget, bare (title and numbers) if none does, even past the budget. The other nodes fill what is left in
+    order of usefulness (the focus node's path, closed nodes by score, the rest). A view that drops nodes says how
+    many in its last line. No JSON is ever cut mid-structure.
     """
-    order: list[str] = [ROOT]
-    if focus and focus in wm.nodes:
-        order += [n.id for n in wm.path(focus)]
-    order += [n.id for n in sorted(wm.frontier(), key=lambda n: -n.action.value)]
-    order += [
-        n.id
-        for n in sorted(
-            (n for n in wm.nodes.values() if n.kind == "closed"),
-            key=lambda n: -(n.attachment.score if n.attachment else 0),
-        )
-    ]
-    order += list(wm.nodes)
-    every = [
-        json.dumps(_compact(wm.nodes[nid]), separators=(",", ":"), ensure_ascii=False)
-        for nid in dict.fromkeys(order)
-    ]
-    if sum(len(line) + 1 for line in every) - 1 <= budget_chars:
-        return "\n".join(every)
-    # Not everything fits: keep room for the "... N more nodes" line (the root is always shown).
+    frontier = [n.id for n in sorted(wm.frontier(), key=lambda n: (-n.action.value, n.id))]
+    head = [ROOT] + ([n.id for n in wm.path(focus)] if focus and focus in wm.nodes else [])
+    closed = [n.id for n in sorted((n for n in wm.nodes.values() if n.kind == "closed"),
+                                   key=lambda n: -(n.attachment.score if n.attachment else 0))]
+    order = list(dict.fromkeys(head + frontier + closed + list(wm.nodes)))
+    mandatory = set(frontier) | {ROOT}
+
+    def line(nid: str, detail: str = "full") -> str:
+        return json.dumps(_compact(wm.nodes[nid], detail), separators=(",", ":"), ensure_ascii=False)
+
+    # Lines go out in an order that changes little from one update to the next (a stable prompt prefix): the root,
+    # closed nodes by id (their lines rarely change), the frontier by V, the rest by id.
+    out_order = list(dict.fromkeys([ROOT] + sorted(closed, key=_id_order) + frontier
+                                   + sorted(wm.nodes, key=_id_order)))
+    every = {nid: line(nid) for nid in out_order}
+    if sum(len(text) + 1 for text in every.values()) - 1 <= budget_chars:
+        return "\n".join(every.values())
     trailer = len(f"... {len(wm.nodes)} more nodes not shown (lower priority)")
-    lines: list[str] = []
-    used = 0
-    for line in every:
-        if lines and used + len(line) + 1 + trailer > budget_chars:
+    for detail in _DETAIL:
+        shown = {nid: line(nid, detail) for nid in frontier}
+        size = sum(len(text) + 1 for text in shown.values())
+        if size <= budget_chars * FRONTIER_SHARE and size + len(every[ROOT]) + 1 + trailer <= budget_chars:
             break
-        lines.append(line)
-        used += len(line) + 1
+    shown[ROOT] = every[ROOT]
+    used = sum(len(text) + 1 for text in shown.values()) + trailer
+    for nid in order:
+        if nid not in mandatory and used + len(every[nid]) + 1 <= budget_chars:
+            shown[nid] = every[nid]
+            used += len(every[nid]) + 1
+    lines = [shown[nid] for nid in out_order if nid in shown]
     omitted = len(wm.nodes) - len(lines)
     if omitted:
         lines.append(f"... {omitted} more nodes not shown (lower priority)")
     return "\n".join(lines)
 
 
-def _compact(node: Node) -> dict:
+def _id_order(nid: str) -> tuple[int, str]:
+    """n2 before n10; the root and odd ids first."""
+    return (int(nid[1:]), nid) if nid[1:].isdigit() else (-1, nid)
+
+
+def _compact(node: Node, detail: str = "full") -> dict:
+    description, note = _DETAIL[detail]
     out: dict[str, Any] = {"id": node.id, "parent": node.parent, "kind": node.kind}
     if node.action:
         a = node.action
         out.update(title=a.title, V=a.value, difficulty=a.difficulty, gain=a.predicted_gain)
-        if node.kind == "open":
-            out["description"] = a.description[:300]
+        if node.kind == "open" and description:
+            out["description"] = a.description[:description]
     out["rating"] = node.beliefs.rating
     if node.attachment:
         out["attempt"] = node.attachment.attempt_id
         out["score"] = node.attachment.score
     if node.visits:
         out["visits"], out["failures"] = node.visits, node.failures
-    if node.beliefs.notes:
-        out["last_note"] = node.beliefs.notes[-1][:400]
+    if node.beliefs.notes and note:
+        out["last_note"] = node.beliefs.notes[-1][:note]
     return out

@@ -36,6 +36,7 @@ class Reply:
     finish_reason: str = "stop"
     prompt_tokens: int = 11
     completion_tokens: int = 7
+    cached_tokens: int | None = None  # reported as usage.prompt_tokens_details.cached_tokens (OpenAI's prompt cache)
 
     @classmethod
     def content(cls, text: str, **kw: Any) -> Reply:
@@ -136,6 +137,8 @@ class FakeOpenAIServer:
                 "prompt_tokens": reply.prompt_tokens,
                 "completion_tokens": reply.completion_tokens,
                 "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+                **({"prompt_tokens_details": {"cached_tokens": reply.cached_tokens}}
+                   if reply.cached_tokens is not None else {}),
             },
         }
 

@@ -61,7 +61,8 @@ def test_passing_cycle_closes_node_and_update_extends_tree(tmp_path, scripted, s
     assert final["iterations_done"] == 3 and final["best"]["attempt_id"] in {r["id"] for r in rows}
     # The improve prompt carried the cycle-best code and the performance feedback.
     improve_prompt = str(scripted.seen["coder"][1][-1].content)
-    assert "best version of this cycle" in improve_prompt and "us (reference" in improve_prompt
+    assert "best version of this cycle" in improve_prompt and "reference us" in improve_prompt
+    assert "earlier attempts" not in improve_prompt or "c1.1" in improve_prompt  # the history of the cycle
     tokens = ctx.store.token_totals()["per_role"]
     assert tokens["planner"]["prompt_tokens"] > 0 and tokens["coder"]["completion_tokens"] > 0
     assert ctx.store.get_meta("status") == "finished"
@@ -185,7 +186,8 @@ def test_summary_json_fields(tmp_path, scripted, softmax_task):
     _drive(run, ctx, events)
     info = summary(run)
     assert info["iterations_done"] == 1 and info["attempts"] == 1
-    assert set(info["best"]) == {"attempt_id", "score", "latency_us", "node_id"}
+    assert set(info["best"]) == {"attempt_id", "score", "latency_us", "node_id", "speed_of_light"}
+    assert info["best"]["speed_of_light"] is None  # CPU timings: no floor
     assert info["tokens"]["total_tokens"] > 0
     json.dumps(info)
 
@@ -287,3 +289,22 @@ def test_store_is_safe_under_concurrent_writers(tmp_path):
         t.join()
     assert errors == []
     assert store.count_attempts() == 240 and store.token_totals()["per_role"]["coder"]["calls"] == 240
+
+
+def test_a_weak_frontier_is_refilled_before_the_cycle_starts(tmp_path, scripted, softmax_task):
+    """The reference's refill step: no action valued above 0.5, so the planner is asked for new ones first, and the
+    cycle implements the best of them. The answer is recorded like every planner call."""
+    weak = script([insert("root", f"weak {i}", value=0.4 - 0.1 * i) for i in range(3)], reflect=False)
+    refill = script([insert("root", "refilled", value=0.9)], reflect=False)
+    scripted.planner += [weak, refill, script([insert("n4", "continue")])]
+    scripted.coder += [kernel_answer(softmax_task, VARIANT="online", BLOCK_N=256)]
+    run, ctx, events = _run(tmp_path, scripted, iterations=1, window=1)
+    final = _drive(run, ctx, events)
+    refill_prompt = str(scripted.seen["planner"][1][-1].content)
+    assert "refill the frontier" in refill_prompt and "The frontier is weak" in refill_prompt
+    assert all(f'"id":"n{i}"' in refill_prompt for i in (1, 2, 3))
+    wm = WorldModel.from_state(final["world_model"])
+    assert wm.nodes["n4"].action.title == "refilled" and wm.nodes["n4"].kind == "closed"
+    assert ctx.store.get_generation("refill:c1:0") is not None
+    assert [e["key"] for e in ctx.store.exchanges("refill:")] == ["refill:c1:0"]
+    assert any(e["data"]["phase"] == "refill before c1" for e in ctx.store.events("world_model"))

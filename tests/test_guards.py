@@ -10,22 +10,20 @@ import pytest
 import torch
 
 from ksearch_graph.harness import _torch, guards
-from ksearch_graph.harness import timer as timer_module
+from ksearch_graph.harness.timing import timed_burst
 from ksearch_graph.harness.timer import Timer
 
 
 CUDA = torch.cuda.is_available()
 
 
-def test_the_garbage_collector_is_off_from_the_probe_to_the_idle_event_and_back_on_after():
-    """A collection inside a timed call read as device time on an H200 (session 11: a 32 us matmul timed 101-188 us,
-    and tails the escape check charged). Fake CUDA calls log whether the collector is on at each step."""
+def _fake_cuda_timer(seen: list) -> Timer:
+    """A CPU timer that takes the CUDA path with fake calls that log whether the collector is on at each step."""
     import gc
-
 
     _torch.load_torch()
     timer = Timer("cpu")
-    timer.cuda, timer.runtime, seen = True, None, []
+    timer.cuda, timer.runtime = True, None
     timer.idle_gap_us = lambda: seen.append(("probe", gc.isenabled())) or 0.0
     timer.cover = lambda: seen.append(("cover", gc.isenabled()))
     timer.Event = lambda enable_timing=False: object()
@@ -33,31 +31,34 @@ def test_the_garbage_collector_is_off_from_the_probe_to_the_idle_event_and_back_
     timer.event_sync = lambda event: seen.append(("idle", gc.isenabled()))
     timer.sync = lambda: None
     timer.elapsed = lambda a, b: 0.01
+    return timer
+
+
+def test_the_garbage_collector_is_off_from_the_probe_to_the_outputs_copy_and_back_on_after():
+    """A collection inside a timed call read as device time on an H200 (a 32 us matmul timed 101-188 us, and tails
+    the escape check charged); one between the call and the output's copy would run the candidate's gc.callbacks
+    there. timing.timed_burst keeps the collector off from the idle probe to the copy (``deliver``)."""
+    import gc
+
+    seen = []
+    timer = _fake_cuda_timer(seen)
     gc.enable()
     try:
-        timer.time(lambda: seen.append(("call", gc.isenabled())), ())
-        assert seen == [("probe", False), ("probe", False), ("cover", False), ("call", False), ("idle", False)]
+        timed_burst(timer, 1, lambda k: (lambda: seen.append(("call", gc.isenabled())), ()),
+                    lambda k, out, times: seen.append(("copy", gc.isenabled())))
+        assert seen == [("probe", False), ("probe", False), ("cover", False), ("call", False), ("idle", False),
+                        ("copy", False)]
         assert gc.isenabled()
 
         def fails():
             raise RuntimeError("the candidate's")
 
         with pytest.raises(RuntimeError):
-            timer.time(fails, ())
+            timed_burst(timer, 1, lambda k: (fails, ()), lambda k, out, times: None)
         assert gc.isenabled()  # back on after a call that raised
 
-        # time_and_copy keeps it off through the output's copy too: a collection there would run gc.callbacks
-        seen.clear()
-        real_snapshot = timer_module.snapshot
-        timer_module.snapshot = lambda out, sync: seen.append(("copy", gc.isenabled())) or out
-        try:
-            assert timer.time_and_copy(lambda: 7, ())[0] == 7
-        finally:
-            timer_module.snapshot = real_snapshot
-        assert seen[-1] == ("copy", False) and gc.isenabled()
-
         gc.disable()  # a process that had it off (the candidate's choice) keeps it off
-        timer.time(lambda: None, ())
+        timed_burst(timer, 1, lambda k: (lambda: None, ()), lambda k, out, times: None)
         assert not gc.isenabled()
     finally:
         gc.enable()
@@ -69,15 +70,8 @@ def test_a_hook_installed_while_the_harness_waits_for_the_device_is_found():
     check after the output's copy finds both, and removes the callback."""
     import gc
 
-
     torch = _torch.load_torch()
-    timer = Timer("cpu")
-    timer.cuda, timer.runtime = True, None
-    timer.idle_gap_us = lambda: 0.0
-    timer.cover = lambda: None
-    timer.Event = lambda enable_timing=False: object()
-    timer.record = timer.event_sync = lambda event: None
-    timer.elapsed = lambda a, b: 0.01
+    timer = _fake_cuda_timer([])
     timer.hooks = guards.InterpreterHooks()
 
     def callback(phase, info):
@@ -89,9 +83,10 @@ def test_a_hook_installed_while_the_harness_waits_for_the_device_is_found():
         gc.enable()
 
     timer.sync = a_thread_acts
+    outs = []
     try:
-        out = timer.time_and_copy(lambda: torch.ones(3), ())[0]
-        assert torch.equal(out, torch.ones(3))
+        timed_burst(timer, 1, lambda k: (lambda: torch.ones(3), ()), lambda k, out, times: outs.append(out))
+        assert torch.equal(outs[0], torch.ones(3))
         assert timer.hooks.found == ["the garbage collector turned on while the harness waited",
                                      "a garbage-collector callback (gc.callbacks)"], timer.hooks.found
         assert callback not in gc.callbacks

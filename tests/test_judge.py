@@ -135,7 +135,9 @@ def scale(x, alpha):
 
 HOSTILE_PICKLE = '''
 import os
-from multiprocessing.reduction import ForkingPickler
+import pickle
+import socket
+import sys
 
 
 class Payload:
@@ -143,8 +145,9 @@ class Payload:
         return (os.system, ("touch {marker}",))
 
 
-_dumps = ForkingPickler.dumps
-ForkingPickler.dumps = classmethod(lambda cls, obj, protocol=None: _dumps((obj, Payload())))
+# The import takes the harness's socket over and sends the judge a pickle that would run a command where unpickled.
+fd = int(sys.argv[sys.argv.index("--fd") + 1])
+socket.socket(fileno=os.dup(fd)).send(pickle.dumps(Payload()))
 
 
 def scale(x, alpha):
@@ -173,7 +176,7 @@ import sys
 
 
 def scale(x, alpha):
-    return sys.modules["ksearch_task_inputs"].reference(x, alpha)
+    return sys.modules["ksearch_task_reference"].reference(x, alpha)
 '''
 
 SLOW_IMPORT = "import time\ntime.sleep(60)\n\n\n" + HONEST
@@ -287,13 +290,13 @@ def test_module_entry_points(results):
 def test_patched_input_generation_is_suspicious(results):
     r = results["patched_inputs"]
     assert r.status == Status.suspicious, explain(r)
-    assert "differed" in r.log_excerpt
+    assert "replaced torch.randn" in r.log_excerpt  # the judge makes the inputs: it would change nothing else
 
 
 def test_a_hostile_message_from_the_candidates_process_runs_nothing(results):
     r = results["hostile_pickle"]
     assert r.status == Status.suspicious, explain(r)
-    assert "not a plain tensor" in r.log_excerpt
+    assert "not a JSON message" in r.log_excerpt
     assert not results["_marker"].exists()
 
 
@@ -364,34 +367,33 @@ def test_a_timing_trace_has_every_timed_call_of_reference_and_candidate_and_the_
 
 # A host busy through one burst, as the judge's clock sees it: in the candidate's process (where the runner's
 # next_call makes each timed call's inputs) the first three timed calls' inputs come 40 ms late.
-ONE_SLOW_BURST_REFERENCE = SCALE_REFERENCE + """
+SLOW_FIRST_BURST = MODEL_NEW.replace('''    def __init__(self, features, hidden):
+        super().__init__()''', '''    built = []
 
-import sys
-import time
-
-_make_inputs, _late = make_inputs, []
-
-
-def make_inputs(params, seed, device):
-    if sys._getframe(2).f_code.co_name == "next_call" and len(_late) < 3:
-        _late.append(seed)
-        time.sleep(0.04)
-    return _make_inputs(params, seed, device)
-"""
+    def __init__(self, features, hidden):
+        super().__init__()
+        # Built once per call: 3 correctness calls, the warm-up, the heat, then the first burst's 3 timed calls,
+        # whose construction (inside the judge's interval, outside the reported time) burns 40 ms of CPU each.
+        ModelNew.built.append(1)
+        if 6 <= len(ModelNew.built) <= 8:
+            import time
+            end = time.process_time() + 0.04
+            while time.process_time() < end:
+                pass''')
 
 
-def test_a_burst_the_judges_clock_contradicts_once_is_timed_again(tmp_path):
+def test_a_burst_the_judges_clock_contradicts_once_is_timed_again(tasks, tmp_path):
     """time_bound.py: a burst whose calls the judge's clock finds far longer than reported is dropped and timed again
-    once per workload (a busy host slows one burst, a forged clock lies again: tests/test_forgery.py)."""
-    (tmp_path / "task").mkdir()
-    (tmp_path / "task" / "reference.py").write_text(ONE_SLOW_BURST_REFERENCE)
-    task = write_task(tmp_path / "task", workloads=[{"name": "small", "params": {"n": 1000}}])
+    once per workload (a busy host slows one burst; a forged clock lies again: tests/test_forgery.py). Here the
+    candidate's module burns CPU while it is built for the first burst's calls: inside the judge's interval (the CPU
+    time of its process tree), outside the call's reported time."""
+    assert "built.append" in SLOW_FIRST_BURST
     trace = tmp_path / "trace.jsonl"
     ev = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1, workloads="all",
                              env={"KSEARCH_TIMING_TRACE": str(trace)})
-    r = ev.evaluate(task, {"kernel.py": HONEST}, attempt_id="one-slow-burst")
+    r = ev.evaluate(tasks["module"], {"model_new.py": SLOW_FIRST_BURST}, attempt_id="one-slow-burst")
     assert r.passed, explain(r)
-    assert "small: calls 1-3: the judge's clock leaves at least" in r.log_excerpt, explain(r)
+    assert "default: calls 1-3: the judge's clock leaves at least" in r.log_excerpt, explain(r)
     assert "dropped and timed again" in r.log_excerpt, explain(r)
     bursts = [json.loads(line) for line in trace.read_text().splitlines()]
     candidate = [b for b in bursts if b["who"] == "candidate"]

@@ -135,10 +135,30 @@ def test_text_completion_and_ledger_per_role(fake_openai):
 
     assert text == "hello" and info == {"prompt_tokens": 1000, "completion_tokens": 500}
     by_role = ledger.to_dict()
-    assert by_role["coder"] == {"prompt_tokens": 1000, "completion_tokens": 500, "calls": 1, "cost_usd": 0.006}
+    assert by_role["coder"] == {"prompt_tokens": 1000, "cached_prompt_tokens": 0, "completion_tokens": 500,
+                                "calls": 1, "cost_usd": 0.006}
     assert by_role["planner"]["calls"] == 1
     assert ledger.totals()["prompt_tokens"] == 1011
     assert TokenLedger.from_dict(by_role).to_dict() == by_role
+
+
+def test_cached_prompt_tokens_are_priced_as_the_provider_reports_them(fake_openai):
+    """OpenAI-style usage.prompt_tokens_details.cached_tokens: those input tokens cost the cached price."""
+    fake_openai.push(Reply.content("a", prompt_tokens=1000, completion_tokens=100, cached_tokens=800),
+                     Reply.content("b", prompt_tokens=1000, completion_tokens=100, cached_tokens=800),
+                     Reply.content("c", prompt_tokens=1000, completion_tokens=100))
+    prices = {"price_prompt_per_mtok": 2.0, "price_completion_per_mtok": 8.0}
+    discounted, full, uncached = TokenLedger(), TokenLedger(), TokenLedger()
+    client(fake_openai, role="coder", ledger=discounted, **prices, price_cached_prompt_per_mtok=0.5).text(ASK)
+    client(fake_openai, role="coder", ledger=full, **prices).text(ASK)  # no cached price: the full prompt price
+    c = client(fake_openai, role="coder", ledger=uncached, **prices, price_cached_prompt_per_mtok=0.5)
+    c.text(ASK)
+    assert discounted.to_dict()["coder"]["cached_prompt_tokens"] == 800
+    assert discounted.totals()["cost_usd"] == pytest.approx((200 * 2.0 + 800 * 0.5 + 100 * 8.0) / 1e6)
+    assert full.totals()["cost_usd"] == pytest.approx((1000 * 2.0 + 100 * 8.0) / 1e6)
+    assert uncached.totals()["cached_prompt_tokens"] == 0
+    # The request and the raw answer are kept for the run directory.
+    assert c.transcript[0]["answer"] == "c" and c.transcript[0]["messages"][-1]["role"] == "user"
 
 
 # ---- endpoint failures ------------------------------------------------------------------------

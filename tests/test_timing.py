@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ksearch_graph.harness.policy import POLICY
-from ksearch_graph.harness import _torch, judge, protocol, reporting, tensors, timing
+from ksearch_graph.harness import _torch, candidate_calls, judge, reporting, timing
 from ksearch_graph.harness.timer import Timer
 
 
@@ -49,57 +49,41 @@ def test_a_burst_that_leaves_work_running_is_timed_again_then_charged():
     assert honest.reported([77.0, 5.0], [80.0, 3.0]) == [77.0, 5.0]
 
 
-class _StandInRunner:
-    """Stands in for the candidate's process in the judge's timing loop (Judge.time_candidate): serves its protocol
-    (warm, burst, one seed at a time, timed, send, drop) with the device times ``call_us(burst, call)``, long tails
-    in the bursts ``long_tails``, and ``flags``: power_limited, and its heat as a running total, ``first_heat_s``
-    spent (slept) in the first burst, plus ``claimed_heat_s`` per burst that it only says it spent."""
+FLAGS = {"reference_calls": 0, "power_limited": False, "heat_s": 0.0, "fill_s": 0.0, "interpreter_hooks": None,
+         "library_patches": None, "persisting_l2_bytes": None, "harness_changed": None, "introspection": None}
 
-    proc = type("Process", (), {"pid": "self"})  # the judge reads its waits to run (time_bound.stamp): this one's
+
+class _StandInCalls:
+    """Stands in for the judge's calls of the candidate's process (candidate_calls.CandidateCalls) in its timing
+    loop (Judge.time_candidate): a warm-up, then bursts whose calls take each input set the judge makes and report
+    the device times ``call_us(burst, call)``, long tails in the bursts ``long_tails``, and the flags: power_limited,
+    and its heat as a running total, ``first_heat_s`` spent (slept) in the first burst, plus ``claimed_heat_s`` per
+    burst that it only says it spent. Its outputs are its inputs (the bare judge's reference)."""
 
     def __init__(self, long_tails=(), call_us=lambda burst, call: 77.0 + burst, limited=False,
                  first_heat_s=0.0, claimed_heat_s=0.0):
         self.long_tails, self.call_us, self.limited = set(long_tails), call_us, limited
         self.first_heat_s, self.claimed_heat_s, self.heat_s = first_heat_s, claimed_heat_s, 0.0
-        self.bursts, self.seeds, self.pending = [], [], None
+        self.bursts, self.seeds = [], []
 
-    def request(self, msg, timeout_s, phase, expect=object):
-        reply = self.answer(msg)
-        assert isinstance(reply, expect), (msg, reply)
-        return reply
+    def warm(self, workload, inputs, timeout_s, where):
+        return 1e-4
 
-    def answer(self, msg):
-        if isinstance(msg, protocol.Warm):
-            return protocol.Warmed(1e-4)
-        if isinstance(msg, protocol.Burst):
-            self.pending = {"n": msg.count, "seeds": []}
-            self.bursts.append(self.pending)
-            if len(self.bursts) == 1:
-                time.sleep(self.first_heat_s)
-                self.heat_s += self.first_heat_s
-            self.heat_s += self.claimed_heat_s
-            return protocol.Next(0)
-        if isinstance(msg, protocol.Seed):
-            self.pending["seeds"].append(msg.seed)
-            self.seeds.append(msg.seed)
-            if len(self.pending["seeds"]) < self.pending["n"]:
-                return protocol.Next(len(self.pending["seeds"]))
-            k = len(self.bursts) - 1
-            tail = 60.0 if k in self.long_tails else 3.0
-            timed = [[float(self.call_us(k, i)), tail, 1.0, 2e5] for i in range(self.pending["n"])]
-            prints = [tensors.fingerprint(out) for out in self.outputs()]
-            flags = protocol.Flags(power_limited=self.limited, heat_s=self.heat_s, fill_s=0.0)
-            return protocol.Timed(timed, prints, flags, None)
-        if isinstance(msg, protocol.Send):
-            out = self.outputs()[msg.index]
-            return protocol.Output(out, [out.clone()], None, 0.0, protocol.Flags())
-        raise AssertionError(msg)
-
-    def outputs(self):
-        return [torch.full((4,), float(seed % 1000)) for seed in self.pending["seeds"]]
-
-    def send(self, msg):
-        assert msg == protocol.Drop()
+    def burst(self, workload, heat_inputs, make_inputs, count, first, deadline, where):
+        k = len(self.bursts)
+        self.bursts.append(count)
+        if k == 0:
+            time.sleep(self.first_heat_s)
+            self.heat_s += self.first_heat_s
+        self.heat_s += self.claimed_heat_s
+        tail = 60.0 if k in self.long_tails else 3.0
+        calls = []
+        for i in range(count):
+            out = make_inputs(i)[0]
+            self.seeds.append(float(out[0]))
+            us = float(self.call_us(k, i))
+            calls.append(candidate_calls.TimedCall([us, tail, 1.0, 2e5], us, out))
+        return calls, None, FLAGS | {"power_limited": self.limited, "heat_s": self.heat_s}
 
 
 def _bare_judge(budget_s: float = 0.0, trace_path: str | None = None):
@@ -108,18 +92,21 @@ def _bare_judge(budget_s: float = 0.0, trace_path: str | None = None):
     import random
     from types import SimpleNamespace
 
-
     j = judge.Judge.__new__(judge.Judge)
     j.min_runs, j.base_seed, j.rng, j.device = 10, 12345, random.Random(0), "cpu"
     j.args = SimpleNamespace(time_budget_s=budget_s, call_timeout_s=30.0)
     j.call_bytes, j.power_limited, j.timing_trace = {"w": 1 << 10}, {}, reporting.TimingTrace(trace_path)
-    # time_bound.py's calibration: none kept with the reference timing, so no bound is judged here
-    j.ref_timing, j.round_trip_us, j.guard_us, j.fingerprint_us = {"w": {}}, (0.0, 0.0), 0.0, {}
+    j.calibrations = {}  # time_bound.py's calibration: none, so no bound is judged here
     j.phases = {"timing_heat": 0.0, "timing_fill": 0.0, "reference": 0.0, "checks": 0.0}
     j.inputs = lambda w, seed: [torch.full((4,), float(seed % 1000))]
     j.reference = lambda inputs: inputs[0]
     j.check = lambda *a, **k: (0.0, 0.0)
     return j
+
+
+def _time(judge_, calls, w):
+    judge_.calls = calls
+    return judge_.time_candidate(w)
 
 
 def test_the_judge_drops_a_flagged_burst_times_fresh_inputs_and_charges_the_third(tmp_path):
@@ -130,8 +117,8 @@ def test_the_judge_drops_a_flagged_burst_times_fresh_inputs_and_charges_the_thir
     w = {"name": "w", "params": {}}
     trace = tmp_path / "trace.jsonl"
     # The first burst reads long tails: dropped, timed again on fresh seeds, clean.
-    runner = _StandInRunner(long_tails={0})
-    times, notes = _bare_judge(trace_path=str(trace)).time_candidate(runner, w)
+    runner = _StandInCalls(long_tails={0})
+    times, notes = _time(_bare_judge(trace_path=str(trace)), runner, w)
     assert times == [78.0] * 10  # the second burst's calls only, without their tails
     assert len(runner.bursts) == 2 and len(set(runner.seeds)) == 20  # no input set twice
     assert len(notes) == 1 and "calls 1-10" in notes[0] and "dropped and timed again" in notes[0]
@@ -139,8 +126,8 @@ def test_the_judge_drops_a_flagged_burst_times_fresh_inputs_and_charges_the_thir
     assert [(line["first"], line.get("dropped", False)) for line in lines] == [(0, True), (10, False)]
 
     # Three flagged bursts in a row: two dropped, the third charged and kept with its tails.
-    runner = _StandInRunner(long_tails={0, 1, 2})
-    times, notes = _bare_judge().time_candidate(runner, w)
+    runner = _StandInCalls(long_tails={0, 1, 2})
+    times, notes = _time(_bare_judge(), runner, w)
     assert len(runner.bursts) == 3 and len(set(runner.seeds)) == 30
     assert times == [79.0 + 60.0] * 10
     assert "every call timed until the whole device was idle" in notes[-1] and "2 dropped" in notes[-1]
@@ -156,28 +143,28 @@ def test_a_power_limited_workload_gets_three_bursts_where_they_fit_and_is_judged
     w = {"name": "w", "params": {}}
     steady = lambda burst, call: 100.0 + 0.1 * (call % 2)  # noqa: E731  (each burst's calls agree to 0.05%)
     # Cheap bursts (a later one costs its 0.2 s heat): three.
-    runner = _StandInRunner(call_us=steady, limited=True)
-    times, _ = _bare_judge(budget_s=0.6).time_candidate(runner, w)
+    runner = _StandInCalls(call_us=steady, limited=True)
+    times, _ = _time(_bare_judge(budget_s=0.6), runner, w)
     assert len(runner.bursts) == POLICY.limited_min_bursts == 3 and len(times) == 30
     # A budget that two more bursts' heats overrun: one burst, judged on its calls as before.
-    runner = _StandInRunner(call_us=steady, limited=True)
-    times, _ = _bare_judge(budget_s=0.3).time_candidate(runner, w)
+    runner = _StandInCalls(call_us=steady, limited=True)
+    times, _ = _time(_bare_judge(budget_s=0.3), runner, w)
     assert len(runner.bursts) == 1
     # A first heat of 0.35 s is left out of the sum (0.35 + 0.4 > 0.6, but 0.4 fits): three.
-    runner = _StandInRunner(call_us=steady, limited=True, first_heat_s=0.35)
-    _bare_judge(budget_s=0.6).time_candidate(runner, w)
+    runner = _StandInCalls(call_us=steady, limited=True, first_heat_s=0.35)
+    _time(_bare_judge(budget_s=0.6), runner, w)
     assert len(runner.bursts) == 3
     # A process that says each heat took 100 s, having spent none: no room made by it.
-    runner = _StandInRunner(call_us=steady, limited=True, claimed_heat_s=100.0)
-    _bare_judge(budget_s=0.3).time_candidate(runner, w)
+    runner = _StandInCalls(call_us=steady, limited=True, claimed_heat_s=100.0)
+    _time(_bare_judge(budget_s=0.3), runner, w)
     assert len(runner.bursts) == 1
     # Not power-limited: one burst whose calls agree is enough, however cheap more would be.
-    runner = _StandInRunner(call_us=steady)
-    _bare_judge(budget_s=10.0).time_candidate(runner, w)
+    runner = _StandInCalls(call_us=steady)
+    _time(_bare_judge(budget_s=10.0), runner, w)
     assert len(runner.bursts) == 1
     # Bursts whose means disagree by 4% (each burst steady): on until the budget is spent or MAX_RUNS.
-    runner = _StandInRunner(call_us=lambda burst, call: 100.0 + 4.0 * (burst % 2), limited=True)
-    times, _ = _bare_judge(budget_s=10.0).time_candidate(runner, w)
+    runner = _StandInCalls(call_us=lambda burst, call: 100.0 + 4.0 * (burst % 2), limited=True)
+    times, _ = _time(_bare_judge(budget_s=10.0), runner, w)
     assert len(times) == POLICY.max_runs
 
 
@@ -384,9 +371,10 @@ def test_heat_lasts_until_the_calls_stop_slowing_and_fillers_keep_a_power_limite
 
 
 def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_before_the_next_inputs_exist():
-    """The order that keeps the checks sound: the idle-device probe, then the launch cover (the L2 flush, then the
-    hold), then the call; untimed calls of the candidate (fillers) before the next call's inputs are made, so its
-    code never runs while they exist (tests/cheats/work_ahead.py). Fake CUDA calls and a fake burst log the order."""
+    """The order that keeps the checks sound: the idle-device probe, then the call's inputs (the judge makes them
+    only now, and flushes the L2), then the launch cover's hold, then the call, then the output's copy; untimed calls
+    of the candidate (fillers) before the next call's inputs are made, so its code never runs while they exist
+    (tests/cheats/work_ahead.py). Fake CUDA calls log the order."""
 
     _torch.load_torch()
     timer = Timer("cpu")
@@ -397,34 +385,21 @@ def test_a_timed_call_follows_the_probe_and_the_launch_cover_and_fillers_run_bef
     timer.record = timer.event_sync = lambda event: None
     timer.sync = lambda: log.append("sync")
     timer.elapsed = lambda a, b: 0.01
-    timer.time(lambda: log.append("call"), ())
-    assert log[:5] == ["probe", "probe", "cover", "call", "sync"]  # the shorter of two probes (Timer.time)
-
-    class Burst:  # stands in for the Timer in timed_burst
-        perf = staticmethod(lambda: 1.0)
-        sync = staticmethod(lambda: None)
-
-        def fill(self, fn, args, gap_s, call_us):
-            log.append("fill")
-
-        def reserve_small_blocks(self, held, count):
-            log.append(f"reserve {count} x {held}")
-
-        def time_and_copy(self, fn, args):
-            log.append("time")
-            return None, 5.0, 0.0, 0.0, 6.0
+    timer.fill = lambda fn, args, gap_s, call_us: log.append("fill")
+    timer.reserve_small_blocks = lambda held, count: log.append(f"reserve {count} x {held}")
 
     def next_call(k):
         log.append(f"inputs {k}")
-        return None, ()
+        return (lambda: log.append("call")), ()
 
-    log.clear()
-    timing.timed_burst(Burst(), 3, next_call, filler=(None, ("heat args",)))
-    assert log == ["reserve 3 x ('heat args',)", "inputs 0", "time", "fill", "inputs 1", "time", "fill", "inputs 2",
-                   "time"]
+    timing.timed_burst(timer, 2, next_call, lambda k, out, times: log.append(f"copy {k}"),
+                       filler=(None, ("heat args",)))
+    assert log == ["reserve 2 x ('heat args',)", "probe", "probe", "inputs 0", "cover", "call", "sync", "copy 0",
+                   "fill", "probe", "probe", "inputs 1", "cover", "call", "sync", "copy 1"]
     log.clear()  # a module task's call holds its whole inputs (the state dict too), not only the forward arguments
-    timing.timed_burst(Burst(), 1, next_call, filler=(None, ("forward",)), held=("init", {"w": 1}, "forward"))
-    assert log == ["reserve 1 x ('init', {'w': 1}, 'forward')", "inputs 0", "time"]
+    timing.timed_burst(timer, 1, next_call, lambda k, out, times: None, filler=(None, ("forward",)),
+                       held=("init", {"w": 1}, "forward"))
+    assert log[0] == "reserve 1 x ('init', {'w': 1}, 'forward')"
 
 
 @pytest.mark.gpu

@@ -591,6 +591,8 @@ def _big_tree(n_chains: int = 12) -> WorldModel:
 
 
 def _check_render(wm: WorldModel, out: str, budget: int) -> list[dict]:
+    """Every line is a JSON node, the root first; the whole frontier is shown; dropped nodes are counted; the
+    budget holds unless the root and the bare frontier alone exceed it."""
     lines = out.split("\n")
     trailer = None
     if lines[-1].startswith("... "):
@@ -599,12 +601,16 @@ def _check_render(wm: WorldModel, out: str, budget: int) -> list[dict]:
     assert objs and objs[0]["id"] == ROOT
     ids = [o["id"] for o in objs]
     assert len(ids) == len(set(ids)) and set(ids) <= wm.nodes.keys()
+    assert {n.id for n in wm.frontier()} <= set(ids)
     if trailer is None:
         assert set(ids) == wm.nodes.keys()
     else:
         m = re.fullmatch(r"\.\.\. (\d+) more nodes not shown \(lower priority\)", trailer)
         assert m and int(m.group(1)) == len(wm.nodes) - len(objs) > 0
-    if len(objs) > 1:
+    bare = [o for o in objs if o["kind"] == "open" and o["id"] != ROOT and "description" not in o
+            and {n.id for n in wm.frontier()} >= {o["id"]}]
+    must = len(lines[0]) + sum(len(json.dumps(o, separators=(",", ":"), ensure_ascii=False)) + 1 for o in bare)
+    if len(objs) > 1 and must + 60 <= budget:
         assert len(out) <= budget, (len(out), budget)
     return objs
 
@@ -620,25 +626,53 @@ def test_render_respects_budget_and_emits_json_lines():
     assert exact == full  # exactly fitting needs no trailer
 
 
-def test_render_tiny_budget_keeps_root():
+def test_render_tiny_budget_keeps_root_and_the_whole_frontier():
     wm = _big_tree(2)
     out = render(wm, budget_chars=1)
     objs = _check_render(wm, out, 1)
-    assert [o["id"] for o in objs] == [ROOT]
+    frontier = sorted(wm.frontier(), key=lambda n: -n.action.value)
+    assert [o["id"] for o in objs] == [ROOT] + [n.id for n in frontier]
+    assert all(set(o) <= {"id", "parent", "kind", "title", "V", "difficulty", "gain", "rating", "visits", "failures"}
+               for o in objs[1:])  # bare lines: title and numbers
 
 
-def test_render_priorities_and_focus_path():
+def test_render_shows_every_frontier_action_of_a_large_tree():
+    """A 30-node tree with 22 frontier actions and a closed chain of 7, in the default 6000
+    characters. The old view showed 2 of the 22; the planner must re-score all of them."""
+    wm = WorldModel.new("gqa")
+    wm = apply(wm, ins(ROOT, "chain 0", ref="c0"))
+    for i in range(1, 8):
+        wm = apply(wm, ins(f"n{i}", f"chain {i}"))
+    for i in range(1, 8):
+        wm = close_node(wm, f"n{i}", attachment(f"c{i}.1", 1.0 + i / 10))
+        wm = apply(wm, {"op": "update", "node": f"n{i}", "note": "CURRENT: " + "x" * 600})
+    while len(wm.frontier()) < 22:
+        parent = f"n{1 + len(wm.frontier()) % 7}"
+        wm = apply(wm, ins(parent, f"idea {len(wm.nodes)}", value=0.3, description="d" * 250))
+    assert len(wm.frontier()) == 22 and len(wm.nodes) == 30
+    out = render(wm, budget_chars=6000, focus="n7")
+    objs = _check_render(wm, out, 6000)
+    assert {n.id for n in wm.frontier()} <= {o["id"] for o in objs}
+    assert any(o["kind"] == "closed" for o in objs)  # room is left for context
+    assert len(out) <= 6000
+
+
+def test_render_priorities_and_a_stable_order():
+    """Which nodes make it into a short view: the focus node's path first. In which order they go out: the root,
+    closed nodes by id, the frontier by V, the rest by id, so that consecutive views share a long prefix."""
     wm = _big_tree()
     focus = "n6"  # root -> n1 (closed) -> n2 (closed) -> n3 (open) ... n6 is chain idea 1 step 3
     path = [n.id for n in wm.path(focus)]
     full = render(wm, budget_chars=10**6)
-    budget = sum(len(line) + 1 for line in full.split("\n")[: len(path) + 2]) + 60
+    budget = len(full) // 2
     objs = _check_render(wm, render(wm, budget_chars=budget, focus=focus), budget)
-    assert [o["id"] for o in objs[: len(path)]] == path
-    # without focus: the frontier by V comes right after the root
-    objs = _check_render(wm, render(wm, budget_chars=600), 600)
-    by_v = [n.id for n in sorted(wm.frontier(), key=lambda n: -n.action.value)]
-    assert [o["id"] for o in objs[1:]] == by_v[: len(objs) - 1]
+    ids = [o["id"] for o in objs]
+    assert set(path) <= set(ids)
+    by_v = [n.id for n in sorted(wm.frontier(), key=lambda n: (-n.action.value, n.id))]
+    closed = sorted((n.id for n in wm.nodes.values() if n.kind == "closed"), key=lambda i: int(i[1:]))
+    assert ids[: 1 + len(closed) + len(by_v)] == ["root"] + closed + by_v
+    rest = ids[1 + len(closed) + len(by_v):]
+    assert rest == sorted(rest, key=lambda i: int(i[1:]))
     assert render(wm, budget_chars=500, focus="not-a-node").split("\n")[0] == render(wm, budget_chars=500).split("\n")[0]
 
 

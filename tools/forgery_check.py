@@ -51,8 +51,7 @@ def bound_rows(trace: Path) -> list[dict]:
         said = [call[0] for call in entry["calls"]]
         cal = tb.Calibration(bound["overhead_us"], bound["noise_us"], 0.0, bound["rel_slack"], bound["quantile"],
                              bound.get("overhead_slack", tb.POLICY.bound_overhead_slack))
-        # A power-limited burst's floor leaves out its fillers, as the judge's does.
-        floors = [tb.device_floor_us(s, r, cal, bool(bound.get("limited"))) for s, r in zip(bound["spans_us"], said)]
+        floors = [tb.device_floor_us(s, cal) for s in bound["spans_us"]]
         rows.append({"workload": entry["workload"], "first": entry["first"], "said_us": statistics.median(said),
                      "floor_us": tb.quantile(floors, cal.quantile),
                      "threshold_us": tb.threshold_us(statistics.median(said), cal),

@@ -52,6 +52,18 @@ def kv_lengths(params: dict) -> list[int]:
     return [min(max(int(n), lo), hi) for n in lens]
 
 
+def speed_of_light(params: dict) -> dict:
+    """What any kernel must do (ksearch's speed-of-light floor): read the K and V rows of the pages the batch uses
+    (not the whole pool), q, the page table, and write output and lse; two bf16 matmuls per KV head."""
+    lens = kv_lengths(params)
+    batch, total = len(lens), sum(lens)
+    kv = total * NUM_KV_HEADS * HEAD_DIM * 2 * 2  # K and V, bf16
+    q_out = 2 * batch * NUM_QO_HEADS * HEAD_DIM * 2  # q read, output written, bf16
+    small = batch * NUM_QO_HEADS * 4 + total * 4 + (batch + 1) * 4  # lse (fp32), kv_indices, kv_indptr (int32)
+    flops = 2 * 2 * NUM_QO_HEADS * HEAD_DIM * total  # q.k and p.v for every query head and token
+    return {"bytes": kv + q_out + small, "flops": flops, "compute": "bf16"}
+
+
 def _values(shape, params: dict, g: torch.Generator, device: str) -> torch.Tensor:
     if params.get("distribution", "normal") == "heavy":
         x = torch.rand(shape, generator=g, device=device).sub_(0.5).mul_(math.pi).tan_().clamp_(-HEAVY_CLIP, HEAVY_CLIP)

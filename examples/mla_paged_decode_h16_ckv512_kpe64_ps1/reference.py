@@ -52,6 +52,19 @@ def kv_lengths(params: dict) -> list[int]:
     return [min(max(int(n), lo), hi) for n in lens]
 
 
+def speed_of_light(params: dict) -> dict:
+    """What any kernel must do (ksearch's speed-of-light floor): read the ckv and kpe rows of the pages the batch
+    uses (not the whole pool), the queries and the page table, write output and lse; bf16 matmuls for the logits
+    (512 + 64 wide) and for P @ Kc (512 wide)."""
+    lens = kv_lengths(params)
+    batch, total = len(lens), sum(lens)
+    cache = total * (CKV_DIM + KPE_DIM) * 2
+    q_out = batch * NUM_HEADS * (CKV_DIM + KPE_DIM + CKV_DIM) * 2  # q_nope, q_pe read, output written
+    small = batch * NUM_HEADS * 4 + total * 4 + (batch + 1) * 4  # lse, kv_indices, kv_indptr
+    flops = 2 * NUM_HEADS * (CKV_DIM + KPE_DIM + CKV_DIM) * total
+    return {"bytes": cache + q_out + small, "flops": flops, "compute": "bf16"}
+
+
 def _values(shape, heavy: bool, g: torch.Generator, device: str) -> torch.Tensor:
     if heavy:
         u = torch.rand(shape, generator=g, device=device)

@@ -32,6 +32,25 @@ def _layout(params: dict) -> tuple[list[tuple[int, int]], int]:
     return seqs, shared
 
 
+def speed_of_light(params: dict) -> dict:
+    """What any kernel must do (ksearch's speed-of-light floor): read every distinct KV page once (a shared prefix
+    once), the queries and the page tables, write output and lse; bf16 matmuls over the (query, key) pairs the
+    causal mask leaves visible: 512 + 64 wide for the logits, 512 wide for P @ Kc."""
+    seqs, shared = _layout(params)
+    heads = int(params.get("num_heads", NUM_HEADS))
+    dc = int(params.get("head_dim_ckv", HEAD_DIM_CKV))
+    dp = int(params.get("head_dim_kpe", HEAD_DIM_KPE))
+    total_q = sum(q for q, _ in seqs)
+    distinct = shared + sum(kv - shared for _, kv in seqs)
+    cache = distinct * (dc + dp) * 2
+    q_out = total_q * heads * (dc + dp + dc) * 2 + total_q * heads * 4  # q_nope, q_pe, output (bf16); lse (fp32)
+    tables = sum(kv for _, kv in seqs) * 4 + 2 * (len(seqs) + 1) * 4
+    # Query i of a sequence (0-based) sees keys 0 .. kv_len - q_len + i.
+    visible = sum(max(0, kv - q + i + 1) for q, kv in seqs for i in range(q))
+    flops = 2 * heads * (dc + dp + dc) * visible
+    return {"bytes": cache + q_out + tables, "flops": flops, "compute": "bf16"}
+
+
 def make_inputs(params: dict, seed: int, device: str) -> tuple:
     """Params: ``seqs`` [[q_len, kv_len], ...] (required); ``shared_prefix`` (default 0): every sequence's first
     that many KV positions use the same pages (a prefix-cache hit on a common system prompt); ``distribution``:

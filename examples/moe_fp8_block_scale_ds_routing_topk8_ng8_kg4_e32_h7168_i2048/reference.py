@@ -90,6 +90,55 @@ def _routing_logits(t: int, kind: str, local_offset: int, g: torch.Generator, de
     return noise + popularity + topics[which] - 2.0
 
 
+def draw_routing(t: int, kind: str, offset: int, g: torch.Generator, device: str):
+    """(routing_bias [256] bf16, routing_logits [T, 256] fp32), the first draws of make_inputs.
+
+    The correction bias is bf16 (as stored in the checkpoint). Tokens whose top-k selection sits within
+    ROUTING_MARGIN of a tie are redrawn, so that any correct fp32 routing selects the same experts.
+    """
+    routing_bias = (0.1 * torch.randn(NUM_EXPERTS, generator=g, device=device)).to(torch.bfloat16)
+    logits = _routing_logits(t, kind, offset, g, device)
+    for _ in range(50):
+        close = routing_margins(logits, routing_bias) < ROUTING_MARGIN
+        if not bool(close.any()):
+            return routing_bias, logits
+        logits = torch.where(close[:, None], logits + 0.05 * torch.randn(t, NUM_EXPERTS, generator=g, device=device),
+                             logits)
+    raise RuntimeError("could not draw routing logits without near-ties")
+
+
+SOL_ROUTING_DRAWS = 4  # routings drawn for the speed-of-light estimate; the fewest experts and pairs are kept
+
+
+def speed_of_light(params: dict) -> dict:
+    """What any kernel must do (ksearch's speed-of-light floor): read the routing inputs, the FP8 activations and
+    their scales, the FP8 weights and scales of the local experts some token selected, write the bf16 output; FP8
+    matmuls for every (token, local expert) pair: gate/up (H -> 2I) and down (I -> H).
+
+    Which experts are selected depends on the routing the seed draws: this draws it for a few seeds on the CPU and
+    keeps the fewest experts and pairs, an estimate (the hidden seeds and the GPU's generator draw other routings).
+    """
+    t = int(params["T"])
+    hidden = int(params.get("hidden_size", HIDDEN))
+    inter = int(params.get("intermediate_size", INTERMEDIATE))
+    offset = int(params.get("local_expert_offset", 0))
+    experts_hit, pairs = NUM_LOCAL_EXPERTS, t * TOP_K
+    for seed in range(SOL_ROUTING_DRAWS):
+        bias, logits = draw_routing(t, params.get("routing", "skewed"), offset, torch.Generator().manual_seed(seed),
+                                    "cpu")
+        experts, _ = route(logits, bias, 1.0)
+        local = experts[(experts >= offset) & (experts < offset + NUM_LOCAL_EXPERTS)]
+        experts_hit = min(experts_hit, int(local.unique().numel()))
+        pairs = min(pairs, int(local.numel()))
+    per_expert = 3 * inter * hidden + 4 * (2 * inter // BLOCK + inter // BLOCK) * (hidden // BLOCK)  # fp8 + scales
+    routing = t * NUM_EXPERTS * 4 + NUM_EXPERTS * 2
+    activations = t * hidden + 4 * t * (hidden // BLOCK) + 2 * t * hidden  # fp8 in, scales, bf16 out
+    return {"bytes": routing + activations + experts_hit * per_expert,
+            "flops": pairs * (2 * hidden * 2 * inter + 2 * inter * hidden), "compute": "fp8",
+            "note": f"{experts_hit} local experts, {pairs} (token, expert) pairs: the fewest of "
+                    f"{SOL_ROUTING_DRAWS} routings drawn on the CPU"}
+
+
 def make_inputs(params: dict, seed: int, device: str) -> tuple:
     """Params: ``T`` tokens (required); ``local_expert_offset`` (default 0, a multiple of 32: the expert-parallel
     rank times 32); ``routed_scaling_factor`` (default 2.5); ``routing``: ``skewed`` (default), ``hot_local`` or
@@ -110,17 +159,7 @@ def make_inputs(params: dict, seed: int, device: str) -> tuple:
     def randn(*shape):
         return torch.randn(*shape, generator=g, device=device)
 
-    # Routing: the correction bias is bf16 (as stored in the checkpoint). Tokens whose top-k selection sits within
-    # ROUTING_MARGIN of a tie are redrawn, so that any correct fp32 routing selects the same experts.
-    routing_bias = (0.1 * randn(NUM_EXPERTS)).to(torch.bfloat16)
-    logits = _routing_logits(t, kind, offset, g, device)
-    for _ in range(50):
-        close = routing_margins(logits, routing_bias) < ROUTING_MARGIN
-        if not bool(close.any()):
-            break
-        logits = torch.where(close[:, None], logits + 0.05 * randn(t, NUM_EXPERTS), logits)
-    else:
-        raise RuntimeError("could not draw routing logits without near-ties")
+    routing_bias, logits = draw_routing(t, kind, offset, g, device)
 
     # Activations after the post-attention RMSNorm: about unit scale per token, a token-dependent gain and a few
     # outlier channels (one per 1024, 20x larger at the real size; fewer channels keep the same share of the

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 from ..evaluation import EvalResult, Status
 from ..task import Task
+from . import compile_cache
+from .sandbox import unavailable_reason
 
 
 _CHILD = Path(__file__).with_name("judge.py")
@@ -74,6 +76,10 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+class SandboxUnavailable(RuntimeError):
+    """No sandbox can be made on this host (harness/sandbox.py says why and how to install one)."""
+
+
 def gpu_driver_present() -> bool:
     # NVIDIA and AMD runtimes reserve tens of GB of virtual address space at initialisation.
     return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
@@ -104,6 +110,7 @@ class SubprocessEvaluator:
         reuse_reference_timings_s: float = 1800.0,
         prestart: bool | None = None,
         env: dict[str, str] | None = None,
+        sandbox: str = "bwrap",
     ):
         if workloads not in ("feedback", "all"):
             raise ValueError(f"workloads must be 'feedback' or 'all', not {workloads!r}")
@@ -125,6 +132,13 @@ class SubprocessEvaluator:
         self.cache_dir = cache_dir or os.environ.get("KSEARCH_CACHE_DIR") or str(
             Path.home() / ".cache" / "ksearch_graph")
         self.isolate_network = isolate_network
+        # The candidate's process runs in bubblewrap (harness/sandbox.py); "none" only where the host has none, and
+        # every result says so. Refused here, before anything is spent, where it cannot be made.
+        if sandbox not in ("bwrap", "none"):
+            raise ValueError(f"sandbox must be 'bwrap' or 'none', not {sandbox!r}")
+        if sandbox == "bwrap" and unavailable_reason():
+            raise SandboxUnavailable(unavailable_reason())
+        self.sandbox = sandbox
         # Set in the judge's environment over ours, e.g. CUDA_VISIBLE_DEVICES from an evaluation pool's slot.
         self.env = dict(env or {})
         # The reference (and baseline) is timed once per session and GPU, then reused for this long: every candidate
@@ -224,9 +238,12 @@ class SubprocessEvaluator:
     def _start(self) -> _Started:
         """Start an evaluation's processes: they import torch, then wait for the job on stdin."""
         root = Path(tempfile.mkdtemp(prefix="ksearch-eval-", dir=self.workdir))
-        candidate = root / "candidate"
+        candidate, cache = root / "candidate", root / "cache"
         candidate.mkdir()
+        cache.mkdir()
+        compile_cache.seed_harness(self.cache_dir, str(cache))
         cmd = [self.python, str(_CHILD), "--job-from-stdin", "--candidate", str(candidate),
+               "--sandbox", self.sandbox, "--eval-cache", str(cache),
                "--out", str(root / "result.json"), "--seeds-from-env", "--time-budget-s", str(self.time_budget_s),
                "--compile-timeout-s", str(self.compile_timeout_s), "--call-timeout-s", str(self.call_timeout_s),
                "--cache-dir", self.cache_dir, "--lock-dir", str(Path(tempfile.gettempdir())),
@@ -342,10 +359,11 @@ class SubprocessEvaluator:
         for var, sub in (("TMPDIR", "tmp"), ("TORCHINDUCTOR_CACHE_DIR", "inductor-cache")):
             (root / sub).mkdir()
             env[var] = str(root / sub)
-        # Compile caches are shared and keyed by source hash (Triton and CuPy hash the source themselves).
+        # The judge's own compile caches (the launch cover, a Triton reference), which no candidate writes; each
+        # candidate's are its own evaluation's (harness/compile_cache.py).
         for var, sub in (("TRITON_CACHE_DIR", "triton"), ("CUPY_CACHE_DIR", "cupy"),
                          ("TORCH_EXTENSIONS_DIR", "torch-extensions")):
-            env[var] = os.path.join(self.cache_dir, sub)
+            env[var] = os.path.join(self.cache_dir, compile_cache.HARNESS, sub)
             os.makedirs(env[var], exist_ok=True)
         env["KSEARCH_EVAL_SEED"] = str(secrets.randbits(62))  # fresh input sets for every evaluation
         env["PYTHONDONTWRITEBYTECODE"] = "1"

@@ -13,7 +13,7 @@ import sys
 import time
 
 from . import audit, integrity
-from .protocol import Error
+from .wire import Error
 from .reporting import clip
 
 FLAGS = {"harness_changed": "the candidate changed the harness's own objects in its process",
@@ -21,18 +21,13 @@ FLAGS = {"harness_changed": "the candidate changed the harness's own objects in 
 
 
 def harness_modules() -> dict:
-    """{label: module}: every module of this package the process has loaded, the process's main module where it is
-    one of them (runner.py, judge.py: started by path), and multiprocessing's, which carry the figures to the judge."""
-    import multiprocessing.connection
-    import multiprocessing.reduction
-
+    """{label: module}: every module of this package the process has loaded, and the process's main module where it
+    is one of them (runner.py, judge.py: started by path)."""
     package = __package__
     modules = {name: m for name, m in sys.modules.items() if name.startswith(package + ".") and m is not None}
     main = sys.modules.get("__main__")
     if getattr(main, "__package__", None) == package:
         modules[f"{package} (__main__)"] = main
-    modules.update({"multiprocessing.connection": multiprocessing.connection,
-                    "multiprocessing.reduction": multiprocessing.reduction})
     return modules
 
 

@@ -27,6 +27,17 @@ def isolate_network() -> str:
     return "yes"
 
 
+def isolate_judge_network() -> str:
+    """The judge's own network namespace (it never needs one): a new one alone as root, which keeps the root's
+    rights over cgroups; with a user namespace otherwise. Needs a single thread: the first thing the judge does."""
+    if not sys.platform.startswith("linux"):
+        return "no (not Linux)"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if os.geteuid() == 0 and libc.unshare(0x40000000) == 0:  # CLONE_NEWNET
+        return "yes"
+    return isolate_network()
+
+
 def die_with_parent(parent: int) -> None:
     """SIGKILL when ``parent`` dies (Linux), and exit now if it already has: no GPU kept busy for nobody."""
     if sys.platform.startswith("linux"):

@@ -8,29 +8,31 @@
 Started by path and importing only the standard library, torch and this package (never the rest of ksearch_graph):
 this folder is what a GPU host needs. ``tools/evaluate_candidate.py`` runs it from a checkout.
 
-Two processes, and why. This process (the judge) never imports candidate code. It starts the candidate's process
-(``runner.py``: own network namespace, no seed, no secrets) and drives it over a socket. For every input
-set the judge sends only a seed; both processes build the inputs with the task's ``make_inputs``; the judge computes
-the reference, the runner calls the candidate and sends back its output and its inputs through CUDA IPC (shared
-memory on CPU), and the judge compares on the device. Expected outputs, the base seed and the comparison live where
-candidate code cannot reach them: not through the garbage collector, not by patching torch, not in freed memory.
+Two processes, and why. This process (the judge) never imports candidate code, and believes nothing the candidate's
+process says. It starts that process in an OS sandbox (``sandbox.py``: no network, no view of the user's files or of
+other processes) and drives it over one socket (``wire.py``, every message parsed strictly). The judge makes every
+input set itself with the task's ``make_inputs`` from seeds drawn per evaluation, lends it in fresh memory by
+file descriptor (``lending.py``), and reads every output out of the slot it lent into its own memory before it
+checks anything (``candidate_calls.py``). The reference, the seeds and the comparison live where candidate code cannot
+reach them.
 
 Order of work:
-1. Start the runner: it imports torch while we do, then waits. A parent may start both processes before it has the
-   job (``--job-from-stdin``): the imports then cost the evaluation nothing. Time the reference (and the task's
-   baseline) on fresh inputs now, holding the device's timing lock, while no candidate code has run (work a
-   candidate's import leaves running would slow the reference and inflate the candidate's speedup). Timings of an
-   earlier evaluation of the same session are reused when the parent passes them in the job: same task code, same
-   GPU. A prestarted process given its task (``--time-reference-ahead``) times the reference while it waits for the
-   job (``time_reference_ahead``). Then the runner imports the candidate (compile time, under its own limit).
-2. Correctness: every workload, ``correctness_seeds`` input sets each, derived from a base seed drawn per evaluation.
-   Shape, dtype, NaN/Inf positions, tolerance, trivially-small outputs, and that the inputs came back unchanged.
-3. Timing of the timed workloads, holding the GPU's timing lock, in bursts (``timing.timed_burst``): every timed call
-   on an input set generated just before it, under sustained load (a heat of the same calls before, untimed calls
-   between for power-limited workloads: policy.py, fill_duty), behind a launch cover that flushes the L2 (cover_s),
-   events plus a device-wide synchronize, its output copied and fingerprinted at once. After each burst the judge
-   picks which calls to re-check against the reference (the first and last timed call, and a random fifth of the
-   others): the candidate cannot tell which.
+1. Start the candidate's process: it imports torch while we do, then waits. A parent may start both processes before
+   it has the job (``--job-from-stdin``): the imports then cost the evaluation nothing. Time the reference (and the
+   task's baseline) on fresh inputs, holding the device's timing lock, while no candidate code has run; timings of an
+   earlier evaluation of the same session are reused when the parent passes them in the job (same task code, same
+   GPU), and a prestarted process given its task times them while it waits (``time_reference_ahead``). Calibrate the
+   judge's clock through the candidate's process, still before any candidate code exists (``Calibrate``). Then the
+   candidate is imported (compile time, under its own limit).
+2. Correctness: every workload, ``correctness_seeds`` input sets each. Shape, dtype, NaN/Inf positions, tolerance,
+   trivially-small outputs, and that the inputs the judge lent came back unchanged (read in its own mapping).
+3. Timing of the timed workloads, holding the GPU's timing lock, in bursts (``timing.timed_burst`` on the
+   candidate's side): every timed call on inputs the judge makes when the candidate's process is ready for it, under
+   sustained load (a heat before, untimed fillers between calls for power-limited workloads: policy.py, fill_duty),
+   after the judge's L2 flush and behind the launch cover's hold, events plus a device-wide synchronize; the judge's
+   clock around each call bounds what the candidate's process reports (time_bound.py). After each burst the judge
+   picks which of its copies of the outputs to re-check against the reference (the first and last timed call, and a
+   random fifth of the others): the candidate cannot tell which.
 """
 
 from __future__ import annotations
@@ -50,25 +52,25 @@ if __name__ == "__main__" and not __package__:  # started by path: import the pa
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "ksearch_graph.harness"  # noqa: A001
 
-from . import time_bound  # noqa: E402
+from . import compile_cache, time_bound  # noqa: E402
 from ._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
+from .candidate_calls import CandidateCalls, TimedCall, reference_files  # noqa: E402
 from .compare import compare, same  # noqa: E402
 from .gpu import gpu_healthy  # noqa: E402
 from .guards import InterpreterHooks  # noqa: E402
-from .isolation import die_with_parent, harden  # noqa: E402
+from .isolation import die_with_parent, harden, isolate_judge_network  # noqa: E402
 from .policy import POLICY  # noqa: E402
-from .protocol import (Armed, Burst, Call, Drop, Flags, Import, Loaded, Next, Output, Ready, Seed,  # noqa: E402
-                       Send, Timed, Warm, Warmed)
 from .reply_checks import check_burst_timings, check_flags  # noqa: E402
 from .reporting import Failure, TimingTrace, clip, describe, progress  # noqa: E402
 from .results import new_result, summarise, write_signed  # noqa: E402
 from .runner_process import RunnerProcess  # noqa: E402
 from .session import SEED_ENV, TRACE_ENV, JobWatch, Session, read_arguments, read_job, timing_lock  # noqa: E402
 from .tasks import candidate_form, derive_seed, load_module, prepare, read_task, timings_key  # noqa: E402
-from .tensors import as_tensors, clone, fingerprint, nbytes  # noqa: E402
+from .tensors import as_tensors, clone, nbytes  # noqa: E402
 from .timer import Timer  # noqa: E402
 from .timing import (Bursts, SideStreamRule, burst_memory_bytes, burst_size, honest_times,  # noqa: E402
                      precise_enough, timed_burst)
+from .wire import Import, Imported, Load, Loaded, Prepared  # noqa: E402
 
 AHEAD = "timing the reference while waiting for the job"  # client.py's _AHEAD: no candidate code has run yet
 RESULT_KEY_ENV = "KSEARCH_RESULT_KEY"  # signs the result file, so a forged or overwritten one is recognised
@@ -91,7 +93,6 @@ class Judge:
         self.timing_trace = TimingTrace(os.environ.get(TRACE_ENV))
         self.timer.heated = False  # the first heat here may start from a GPU that cooled while this process waited
         self.timer.use_timing(task["timing"])
-        self.added_keys: list[str] = []  # keys the candidate added to its input dicts (a cache): flagged, not failed
         self.host_timed: list[str] = []  # workloads whose every timed call read 0 us of device time
         self.device = "cuda" if timer.cuda else "cpu"  # the session's, which made the timer
         self.min_runs = POLICY.min_runs_gpu if self.device == "cuda" else POLICY.min_runs
@@ -101,12 +102,12 @@ class Judge:
             base = load_module("ksearch_baseline", os.path.join(args.task, task["baseline"]))
             self.baseline = getattr(base, task["entry_point"])
         # The reference's timed calls take the same steps as the candidate's, its interpreter-hook check included (on
-        # CPU no device clock leaves that host time out; docs/timing.md, "Other costs measured"). On a GPU it runs under
-        # the launch cover. Made after the task's modules are imported: the check puts back what it saw then (gc
-        # callbacks, trace and profile functions) after every call.
+        # CPU no device clock leaves that host time out). Made after the task's modules are imported: the check puts
+        # back what it saw then (gc callbacks, trace and profile functions) after every call.
         self.timer.hooks = InterpreterHooks()
-        self.phases = {"waiting_for_runner": 0.0, "reference_timing": 0.0, "waiting_for_compile": 0.0,
-                       "reference": 0.0, "correctness": 0.0, "timing": 0.0, "checks": 0.0,
+        self.phases = {"waiting_for_runner": 0.0, "reference_timing": 0.0, "calibration": 0.0,
+                       "waiting_for_compile": 0.0, "reference": 0.0, "correctness": 0.0, "timing": 0.0,
+                       "checks": 0.0,
                        # parts of "timing": the candidate's heats and its fillers between timed calls (timer.Timer)
                        "timing_heat": 0.0, "timing_fill": 0.0}
         self.timings_key = timings_key(args.task, task, self.device)
@@ -118,8 +119,8 @@ class Judge:
                         "reused from an earlier evaluation on this GPU": 0}
         self.call_bytes = {}  # per workload: one input set and its output, for the size of timing bursts
         self.power_limited = {}  # per workload: the candidate's heat found the GPU at its power limit
-        # time_bound.py: what the candidate's side adds to a timed call, measured here (run)
-        self.round_trip_us, self.guard_us, self.fingerprint_us = (0.0, 0.0), 0.0, {}
+        self.calibrations: dict[str, time_bound.Calibration | None] = {}  # per timed workload (time_bound.py)
+        self.calls: CandidateCalls | None = None  # made in run(), with the candidate's process
 
     def inputs(self, w: dict, seed: int):
         return self.ref.make_inputs(w["params"], seed, self.device)
@@ -146,14 +147,13 @@ class Judge:
                           burst_memory_bytes(self.device))
 
     def time_local(self, fn, w: dict, tag: str) -> dict:
-        """Reference or baseline timing: the candidate's procedure, run here on this side's functions; also the
-        host time of each call's steps besides the call (time_bound.py's calibration)."""
+        """Reference or baseline timing: the candidate's procedure (inputs made just before each call, the L2
+        flushed, the launch cover's hold), run here on this side's functions."""
         torch = load_torch()
-        times, hosts, overheads = [], [], []
-        call = lambda k: prepare(fn, self.inputs(w, derive_seed(self.base_seed, w["name"], tag, k)),  # noqa
-                                 self.task["entry_kind"], self.device)
+        times, hosts = [], []
+        kind = self.task["entry_kind"]
         warm = self.inputs(w, derive_seed(self.base_seed, w["name"], tag, -1))
-        f, a = prepare(fn, warm, self.task["entry_kind"], self.device)
+        f, a = prepare(fn, warm, kind, self.device)
         with torch.no_grad():
             t0 = time.perf_counter()
             out = f(*a)  # warm-up: compile, autotune and caches stay outside the timed region
@@ -167,40 +167,49 @@ class Judge:
                 first, burst_started, heated = len(times), time.perf_counter(), self.timer.spent_s["heat"]
                 self.timer.untimed_us = []  # only the candidate's are checked; here they would just pile up
                 self.timer.heat(f, a, first == 0)
-                stamps, fills = [], []  # time_bound.py: this side's clock around each call, and its fillers
+                done = []
 
                 def next_call(k):
-                    stamps.append(time.perf_counter())
-                    fills.append(self.timer.spent_s["fill"])
-                    return call(first + k)  # noqa: B023 (called before the next iteration)
+                    inputs = self.inputs(w, derive_seed(self.base_seed, w["name"], tag, first + k))  # noqa: B023
+                    self.timer.flush_l2()
+                    return prepare(fn, inputs, kind, self.device)
 
-                done = timed_burst(self.timer, self.burst_size(first, call_bytes, call_s, self.timer.power_limited),
-                                   next_call, filler=(f, a))
-                stamps.append(time.perf_counter())
-                fills.append(self.timer.spent_s["fill"])
-                times += [us for _, us, *_ in done]
-                hosts += [host for *_, host in done]
-                overheads += time_bound.reference_overheads(stamps, [us for _, us, *_ in done], fills)
+                timed_burst(self.timer, self.burst_size(first, call_bytes, call_s, self.timer.power_limited),
+                            next_call, lambda k, out, t: done.append(t), filler=(f, a))  # noqa: B023
+                times += [t[0] for t in done]
+                hosts += [t[3] for t in done]
                 bursts.add(first, len(done), burst_started, self.timer.spent_s["heat"] - heated,
                            self.timer.power_limited)
-                self.timing_trace.write(tag, w["name"], first, [call_times for _, *call_times in done])
-                del done
+                self.timing_trace.write(tag, w["name"], first, done)
         times, on_host = honest_times(times, hosts)
-        return {"mean_us": statistics.fmean(times), "runs": len(times), "overheads_us": overheads} | (
-            {"host_clock": True} if on_host else {})
+        return {"mean_us": statistics.fmean(times), "runs": len(times)} | ({"host_clock": True} if on_host else {})
 
-    def time_candidate(self, runner: RunnerProcess, w: dict) -> tuple[list[float], list[str]]:
-        name, params, notes = w["name"], w["params"], []
+    def calibrate(self, w: dict) -> None:
+        """The judge's clock around calls that do nothing, made through the candidate's process before any candidate
+        code exists, on this workload's inputs and outputs (time_bound.py)."""
+        t0 = time.perf_counter()
+        inputs = self.inputs(w, derive_seed(self.base_seed, w["name"], "calibrate"))
+        expected = self.reference(inputs)
+        calls = self.calls.calibrate(w["name"], inputs, expected, POLICY.calibration_calls,
+                                     self.args.call_timeout_s)
+        overheads = time_bound.overheads_us([c.span_us for c in calls], [c.times[0] for c in calls])
+        self.calibrations[w["name"]] = time_bound.calibrate(overheads[1:] or overheads, cpu=self.device != "cuda")
+        self.timing_trace.write("calibration", w["name"], 0, [c.times for c in calls],
+                                bound={"spans_us": [c.span_us for c in calls]})
+        self.phases["calibration"] += time.perf_counter() - t0
+
+    def time_candidate(self, w: dict) -> tuple[list[float], list[str]]:
+        name, notes = w["name"], []
         where = f"workload {name}, timed call"
-        call_s = runner.request(Warm(name, params, derive_seed(self.base_seed, name, "warm"), False),
-                                self.args.call_timeout_s, f"{where} (warm-up)", expect=Warmed).seconds
+        call_s = self.calls.warm(name, self.inputs(w, derive_seed(self.base_seed, name, "warm")),
+                                 self.args.call_timeout_s, f"{where} (warm-up)")
         # The candidate's process says how long its warm-up call took; it only sizes bursts and their time limit.
-        call_s = min(max(call_s, 0.0), self.args.call_timeout_s) if isinstance(call_s, float) and math.isfinite(
-            call_s) else self.args.call_timeout_s
+        call_s = min(call_s, self.args.call_timeout_s)
         times, tails, hosts, started, side = [], [], [], time.perf_counter(), SideStreamRule()
         made = 0  # calls made, a dropped burst's included: every call gets inputs of its own
         clock = time_bound.ContradictionRule()  # bursts the judge's clock contradicts
         bursts = Bursts()
+        cal = self.calibrations.get(name)
         while True:
             first, burst_started, heated = made, time.perf_counter(), self.phases["timing_heat"]
             seeds = [derive_seed(self.base_seed, name, "time", first + k)
@@ -210,36 +219,23 @@ class Judge:
             # A later burst's heat: POLICY.heat_min_s (or POLICY.heat_s), plus the calls still in flight when it ends.
             heat_s = (POLICY.heat_min_s if first else POLICY.heat_max_s) + 2 * call_s
             deadline = time.monotonic() + self.args.call_timeout_s + (
-                len(seeds) * (1 + POLICY.fill_max) + 2) * 4 * call_s + heat_s
-            reply = runner.request(Burst(name, params, len(seeds), derive_seed(self.base_seed, name, "heat", first),
-                                         first == 0), deadline - time.monotonic(), where, expect=(Next, Timed))
-            pid = runner.proc.pid if self.device != "cuda" else None  # time_bound.py: its waits to run, on CPU
-            served, stamps = 0, [time_bound.stamp(pid)]  # time_bound.py: when each call began, seen from here
-            while isinstance(reply, Next):  # each call's seed only once the previous call is done (Runner.burst)
-                if type(reply.index) is not int or reply.index != served or served >= len(seeds):
-                    raise Failure("suspicious", f"{where}: the candidate's process asked for input set "
-                                  f"{str(reply.index)[:40]!r} out of turn (next: {served})")
-                reply = runner.request(Seed(seeds[served]), max(0.0, deadline - time.monotonic()), where,
-                                       expect=(Next, Timed))
-                stamps.append(time_bound.stamp(pid))
-                served += 1
-            if served != len(seeds):
-                raise Failure("suspicious", f"{where}: the candidate's process answered {type(reply).__name__} after "
-                              f"{served} of {len(seeds)} input sets, not its timings")
-            timed, prints, flags, untimed = reply
+                len(seeds) * (1 + POLICY.fill_max) + 2) * 4 * call_s + heat_s + len(seeds) * 0.5
+            calls, untimed, flags = self.calls.burst(
+                name, self.inputs(w, derive_seed(self.base_seed, name, "heat", first)),
+                lambda k: self.inputs(w, seeds[k]), len(seeds), first == 0, deadline, where)  # noqa: B023
             check_flags(flags, where)
-            self.power_limited[name] = flags.power_limited is True
+            self.power_limited[name] = flags["power_limited"]
             for part in ("heat", "fill"):  # the process's totals so far: informative only, so just kept sane
-                spent = getattr(flags, f"{part}_s")
-                if isinstance(spent, float) and 0 <= spent < 1e6:
+                spent = flags[f"{part}_s"]
+                if spent < 1e6:
                     self.phases[f"timing_{part}"] = spent
-            check_burst_timings(timed, prints, untimed, len(seeds), where)
-            device = [us for us, _, _, _ in timed]
-            # time_bound.py; a burst that read 0 us throughout is judged on its host times, as it is reported
-            spans, cal, limited = time_bound.call_spans_us(stamps), self.calibration(name), self.power_limited[name]
-            reported = honest_times(device, [h for *_, h in timed])[0]
-            verdict, why = clock.judge(spans, reported, cal, limited, f"{first + 1}-{made}")
-            bound = time_bound.trace_figures(spans, cal, limited)
+            timed = [c.times for c in calls]
+            check_burst_timings(timed, untimed, where)
+            device = [t[0] for t in timed]
+            spans = [c.span_us for c in calls]
+            reported = honest_times(device, [t[3] for t in timed])[0]
+            verdict, why = clock.judge(spans, reported, cal, f"{first + 1}-{made}")
+            bound = time_bound.trace_figures(spans, cal)
             if verdict == "fail":
                 self.timing_trace.write("candidate", name, first, timed, dropped=True, bound=bound)
                 raise Failure("suspicious", f"{where}s {first + 1}-{made}: {why}: its timer was tampered with")
@@ -252,8 +248,8 @@ class Judge:
                              "and timed again")
             else:
                 times += device
-                tails += [tail for _, tail, _, _ in timed]
-                hosts += [host for _, _, _, host in timed]
+                tails += [t[1] for t in timed]
+                hosts += [t[3] for t in timed]
             # The process's own heat figure (a total so far), bounded by this burst's time here and by the longest
             # heat there is: it only decides whether three bursts fit, so a process that overstates it gets at most
             # heat_max_s of room for them (another burst or two, within the call limits), and one that understates
@@ -264,24 +260,8 @@ class Judge:
             last = verdict != "drop" and precise_enough(honest_times(side.reported(times, tails), hosts)[0], started,
                                                         self.args.time_budget_s, time.perf_counter(),
                                                         self.min_runs, self.power_limited[name], *bursts.rule())
-            # Which outputs get re-checked is chosen now, after the burst: the candidate cannot tell which.
-            chosen = [i for i in range(len(seeds)) if (first == 0 and i == 0) or (last and i == len(seeds) - 1)
-                      or self.rng.random() < POLICY.check_probability]
-            for i in chosen:
-                sent = runner.request(Send(i), self.args.call_timeout_s, where, expect=Output)
-                out, got_inputs = sent.out, sent.inputs
-                self.note_added_keys(sent.flags)
-                if fingerprint(out) != prints[i]:
-                    raise Failure("suspicious", f"{where} {first + i + 1}: its output changed after the call "
-                                  "had returned it (written by something still running?)")
-                t1 = time.perf_counter()
-                pristine = self.inputs(w, seeds[i])
-                expected = self.reference(pristine)
-                self.phases["reference"] += time.perf_counter() - t1
-                self.check(out, got_inputs, pristine, expected,
-                           f"{where} {first + i + 1} (passed the correctness check)")
-                del out, got_inputs, sent, pristine, expected
-            runner.send(Drop())
+            self.recheck(w, calls, seeds, first, last, where)
+            del calls
             if last:
                 break
         if side.charged:
@@ -295,20 +275,26 @@ class Judge:
                          "returned, or the work done on the host); timed by the host clock around each call instead")
         return times, notes
 
-    def calibration(self, name: str) -> time_bound.Calibration | None:
-        """time_bound.py's calibration for a workload: the reference's per-call overheads, plus what only the
-        candidate's side does (round trip, fingerprint, integrity check); None where the reference timing kept none
-        (reused from a harness without them)."""
-        (trip, trip_spread), extra = self.round_trip_us, self.fingerprint_us.get(name, 0.0) + self.guard_us
-        return time_bound.calibrate(self.ref_timing[name].get("overheads_us", []), trip + extra, trip_spread,
-                                    cpu=self.device != "cuda")
+    def recheck(self, w: dict, calls: list[TimedCall], seeds: list[int], first: int, last: bool, where: str) -> None:
+        """The judge's copies of some of a burst's outputs against the reference: chosen now, after the burst, so
+        the candidate cannot tell which (the first and last timed calls, and a random share of the others)."""
+        chosen = [i for i in range(len(calls)) if (first == 0 and i == 0) or (last and i == len(calls) - 1)
+                  or self.rng.random() < POLICY.check_probability]
+        for i in chosen:
+            t1 = time.perf_counter()
+            pristine = self.inputs(w, seeds[i])
+            expected = self.reference(pristine)
+            self.phases["reference"] += time.perf_counter() - t1
+            self.check(calls[i].output, None, None, expected, f"{where} {first + i + 1} (passed the correctness check)")
+            del pristine, expected
 
     # -- checks ----------------------------------------------------------------------------------------------------
 
     def check(self, out, got_inputs, pristine, expected, where: str, row: dict | None = None) -> tuple[float, float]:
-        """Inputs unchanged and output right; the errors go into ``row`` (the workload's result) either way."""
+        """Inputs unchanged (where given: the judge's own view of what it lent) and output right; the errors go into
+        ``row`` (the workload's result) either way."""
         t0 = time.perf_counter()
-        unchanged = same(pristine, got_inputs)
+        unchanged = pristine is None or same(pristine, got_inputs)
         if unchanged:
             status, message, max_err, max_rel = compare(out, expected, self.tol, self.task["compare_dtype"])
         self.phases["checks"] += time.perf_counter() - t0
@@ -320,12 +306,6 @@ class Judge:
         if status:
             raise Failure(status, f"{where}: {message}")
         return max_err, max_rel
-
-    def note_added_keys(self, flags: Flags) -> None:
-        """Keys the candidate added to its input dicts (the runner took them off): flagged, not failed."""
-        added = getattr(flags, "added_input_keys", None)
-        if isinstance(added, list):
-            self.added_keys += [str(k)[:120] for k in added[:20] if str(k)[:120] not in self.added_keys]
 
     # -- the whole evaluation -------------------------------------------------------------------------------------
 
@@ -368,6 +348,7 @@ class Judge:
         task, result, args = self.task, self.result, self.args
         timed = [w for w in task["workloads"] if w["timed"]]
         ref_timing, base_timing = self.ref_timing, self.base_timing
+        self.calls = CandidateCalls(runner, self.timer, self.device)
 
         # 1. The candidate's process has imported torch (while we did) and waits; no candidate code has run yet.
         t0 = time.perf_counter()
@@ -377,22 +358,21 @@ class Judge:
             raise Failure("runtime_error", "the candidate's process and the judge see different devices")
         result["environment"].update(runner_info)
         self.phases["waiting_for_runner"] = time.perf_counter() - t0
-        self.round_trip_us = time_bound.round_trip_us(runner)
+        runner.request(Import(self.runner_task), args.compile_timeout_s, "loading the task in the candidate's "
+                       "process", expect=Prepared)
 
-        # 2. Time the reference (and baseline) now, while no candidate code has run: once the candidate is imported,
-        # work it leaves running (a GPU stream, a thread) could slow the reference down and inflate its speedup, and
-        # the timings are reused by later evaluations of the session.
+        # Time the reference (and baseline) now, and calibrate the judge's clock, while no candidate code has run:
+        # once the candidate is imported, work it leaves running (a GPU stream, a thread) could slow the reference
+        # down and inflate its speedup, and the timings are reused by later evaluations of the session.
         with timing_lock(args.lock_dir, self.device):
             for w in timed:
                 self.time_reference(w)
+            for w in timed:
+                self.calibrate(w)
 
         t0 = time.perf_counter()
-        check_us = runner.request(Import(self.runner_task), args.compile_timeout_s,
-                                  "compiling (importing) the candidate", expect=Armed).check_us
-        # Sent before any candidate code ran: trusted, only kept sane (time_bound.py)
-        self.guard_us = min(check_us, 1e5) if isinstance(check_us, float) and check_us >= 0 else 0.0
-        compile_s = runner.request(None, args.compile_timeout_s, "compiling (importing) the candidate",
-                                   expect=Ready).compile_s
+        compile_s = runner.request(Load(), args.compile_timeout_s, "compiling (importing) the candidate",
+                                   expect=Imported).compile_s
         self.phases["waiting_for_compile"] = time.perf_counter() - t0
         result["compile_s"] = compile_s
 
@@ -412,27 +392,23 @@ class Judge:
                 expected = self.reference(pristine)
                 self.phases["reference"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
-                out, got_inputs, before, seconds, flags = runner.request(
-                    Call(name, w["params"], seed, first),
-                    args.compile_timeout_s if first else args.call_timeout_s, where, expect=Output)
-                if first:
-                    result["compile_s"] += seconds  # the first call carries the JIT compile
-                    first = False
-                if before != fingerprint(pristine):
-                    raise Failure("suspicious", f"{where}: the inputs in the candidate's process differed from the "
-                                  "judge's before the call (make_inputs patched, or not deterministic)")
-                check_flags(flags, where)
-                self.note_added_keys(flags)
-                t1 = time.perf_counter()  # time_bound.py: the runner fingerprints every timed call's output
-                fingerprint(out)
-                self.fingerprint_us[name] = min(self.fingerprint_us.get(name, math.inf),
-                                                (time.perf_counter() - t1) * 1e6)
-                self.check(out, got_inputs, pristine, expected, where, results[name])
+                out, got_inputs, seconds, flags, regions = self.calls.call(
+                    name, pristine, expected, first, args.compile_timeout_s if first else args.call_timeout_s, where)
+                try:
+                    if first:
+                        result["compile_s"] += seconds  # the first call carries the JIT compile
+                        first = False
+                    check_flags(flags, where)
+                    self.check(out, got_inputs, pristine, expected, where, results[name])
+                finally:
+                    del got_inputs
+                    for r in regions:
+                        r.close()
                 self.call_bytes[name] = nbytes(pristine) + nbytes(expected)
-                del out, got_inputs, pristine, expected
+                del out, pristine, expected
                 self.phases["correctness"] += time.perf_counter() - t0
             results[name]["correct"] = True
-            if flags.reference_calls:
+            if flags["reference_calls"]:
                 result.setdefault("flags", []).append("calls_reference")
 
         # 3. Timing.
@@ -442,7 +418,7 @@ class Judge:
                 name = w["name"]
                 progress(f"timing {name}")
                 t0 = time.perf_counter()
-                times, more = self.time_candidate(runner, w)
+                times, more = self.time_candidate(w)
                 self.phases["timing"] += time.perf_counter() - t0
                 notes += more
                 mean = statistics.fmean(times)
@@ -455,8 +431,7 @@ class Judge:
                 if name in base_timing:
                     base_us = base_timing[name]["mean_us"]
                     results[name].update(baseline_us=base_us, speedup_vs_baseline=base_us / mean)
-        summarise(result, results, timed, notes, self.sources, bool(base_timing), self.added_keys,
-                  self.host_timed)
+        summarise(result, results, timed, notes, self.sources, bool(base_timing), [], self.host_timed)
 
 
 def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | None = None) -> None:
@@ -472,13 +447,17 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
     result["timing_representative"] = device == "cuda"
     result["environment"]["timing"] = task["timing"]
     judge = None
+    source = compile_cache.source_key(root)
     try:
         if device != "cuda" and (form == "torch_extension" or task["language"] in ("cuda", "cupy")):
             raise Failure("unavailable", f"this task's candidates are {task['language']} code and this machine has "
                           "no CUDA GPU")
-        runner_task = {"reference": os.path.join(os.path.abspath(args.task), task["reference"]),
+        task_dir = os.path.abspath(args.task)
+        runner_task = {"reference": task["reference"], "reference_files": reference_files(task_dir),
                        "solution_file": task["solution_file"], "entry_point": task["entry_point"],
                        "kind": task["entry_kind"], "form": form, "timing": task["timing"]}
+        # Before any candidate code runs: what earlier evaluations of this same source compiled (compile_cache.py).
+        compile_cache.restore(args.cache_dir, source, session.cache)
         ahead = ahead or {}
         judge = Judge(args, task, result, timings, runner_task, session.timer, ahead.get("timings"))
         judge.phases["reference_timing"] += ahead.get("overrun_s", 0.0)
@@ -490,6 +469,7 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
         raise
     finally:
         session.close()
+        compile_cache.keep(args.cache_dir, source, session.cache)
         if judge is not None:
             result["phases"] = {k: round(v, 4) for k, v in judge.phases.items()}
             if judge.measured:  # taken before candidate code ran: good for the next evaluation, pass or fail
@@ -521,7 +501,7 @@ def time_reference_ahead(session: Session, args, job: JobWatch) -> dict:
             "overrun_s": max(0.0, done - job.at) if job.at is not None else 0.0}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, network: str = "no (started in-process)") -> int:
     args = read_arguments(argv, __doc__.splitlines()[0])
     faulthandler.enable()
     result_key = os.environ.pop(RESULT_KEY_ENV, "")
@@ -574,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         result["score"] = 0.0
     if prestarted:
         result["environment"]["prestarted"] = True
+    result["environment"]["judge_network_isolated"] = network
     result["wall_s"] = time.perf_counter() - start
     write_signed(result, args.out, result_key)
     progress(f"done: {result['status']}")
@@ -581,11 +562,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def process_main() -> None:
-    """The judge process: hardened, tied to its parent, and ended without interpreter teardown."""
+    """The judge process: hardened, off the network, tied to its parent, and ended without interpreter teardown."""
     harden()
+    network = isolate_judge_network()
     if os.environ.get("KSEARCH_PARENT_PID"):  # before the slow torch import: a killed search takes us along at once
         die_with_parent(int(os.environ["KSEARCH_PARENT_PID"]))
-    code = main()
+    code = main(network=network)
     # Skip interpreter teardown (torch and Triton take ~0.5 s to unload).
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,51 +1,40 @@
-"""What the judge checks in what the candidate's process reports before it believes it: the flags sent with every
-output and burst, and a burst's timings. A failed check is Failure("suspicious") naming what the candidate did."""
+"""What the judge checks in what the candidate's process reports, beyond its types (wire.py): the flags sent with
+every output and burst, and a burst's timings. A failed check is Failure("suspicious") naming what it saw."""
 
 from __future__ import annotations
 
-import math
-
 from .policy import POLICY
-from .protocol import Flags
 from .reporting import Failure
 
 
-def check_flags(flags: Flags, where: str) -> None:
-    """The flags the candidate's process sends with an output or a burst: any of them set is a cheat."""
-    if not isinstance(flags, Flags):
-        raise Failure("suspicious", f"{where}: the candidate's process sent {type(flags).__name__[:40]} where its "
-                      "flags belong")
+def check_flags(flags: dict, where: str) -> None:
+    """The in-process guards' flags (wire.parse_flags: already of the protocol's types): any finding is a cheat.
+    They are a first filter that names the cheat; a candidate that silenced them meets the judge's own checks."""
 
-    def named(found) -> str:  # what the candidate's process listed (its own data: any type)
-        return (", ".join(map(str, found)) if isinstance(found, list) else str(found))[:300]
+    def named(found: list[str]) -> str:
+        return ", ".join(found)[:300]
 
-    if flags.interpreter_hooks:
-        raise Failure("suspicious", f"{where}: the candidate installed {named(flags.interpreter_hooks)}: Python "
+    if flags["interpreter_hooks"]:
+        raise Failure("suspicious", f"{where}: the candidate installed {named(flags['interpreter_hooks'])}: Python "
                       "would run its code between a call's return and the copy of its output, untimed")
-    if flags.library_patches:
-        raise Failure("suspicious", f"{where}: the candidate replaced {named(flags.library_patches)}, which the "
+    if flags["library_patches"]:
+        raise Failure("suspicious", f"{where}: the candidate replaced {named(flags['library_patches'])}, which the "
                       "harness calls between making its inputs and timing it: its code would run there, untimed")
-    if flags.harness_changed:  # integrity.py
+    if flags["harness_changed"]:  # integrity.py
         raise Failure("suspicious", f"{where}: the candidate changed the harness's own objects in its process "
-                      f"({named(flags.harness_changed)}): they time its calls, so its timings cannot be trusted")
-    if flags.introspection:  # audit.py
+                      f"({named(flags['harness_changed'])}): they time its calls, so its timings cannot be trusted")
+    if flags["introspection"]:  # audit.py
         raise Failure("suspicious", f"{where}: the candidate reached for the harness's own objects "
-                      f"({named(flags.introspection)}): blocked, as it could change how its calls are timed")
-    if flags.persisting_l2_bytes:
-        raise Failure("suspicious", f"{where}: the candidate reserved {flags.persisting_l2_bytes} bytes of "
+                      f"({named(flags['introspection'])}): blocked, as it could change how its calls are timed")
+    if flags["persisting_l2_bytes"]:
+        raise Failure("suspicious", f"{where}: the candidate reserved {flags['persisting_l2_bytes']} bytes of "
                       "persisting L2 cache, which survives the harness's cache flush")
 
 
-def check_burst_timings(timed, prints, untimed, count: int, where: str) -> None:
-    """A burst's reply (``Timed``): ``count`` sets of 4 finite numbers (device, tail, probe, host us) and as many
-    fingerprints, untimed calls on repeated inputs not much faster than timed ones on fresh inputs, and no call
-    whose device time exceeds the host time around it."""
-    if not (isinstance(timed, list) and isinstance(prints, list) and len(timed) == len(prints) == count
-            and all(isinstance(t, (list, tuple)) and len(t) == 4 and all(
-                isinstance(v, float) and math.isfinite(v) and v >= -1e6 for v in t) for t in timed)
-            and (untimed is None or isinstance(untimed, float) and math.isfinite(untimed))):
-        raise Failure("suspicious", f"{where}: the candidate's process sent timings that are not "
-                      f"{count} sets of 4 finite numbers (device, tail, probe, host)")
+def check_burst_timings(timed: list[list[float]], untimed: float | None, where: str) -> None:
+    """A burst's calls ([device, tail, probe, host] us each, of the protocol's types): untimed calls on repeated
+    inputs not much faster than timed ones on fresh inputs, and no call whose device time exceeds the host time
+    around it."""
     # Against the fastest timed call: a timed call slowed by the GPU (a clock state, another process) must
     # not make an honest candidate suspicious.
     fastest = min(t[0] for t in timed)

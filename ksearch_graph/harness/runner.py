@@ -1,25 +1,26 @@
-"""The candidate's process: the only place where candidate code runs. Started and driven by ``judge.py`` over a
-socket (the messages: ``protocol.py``).
+"""The candidate's process: the only place where candidate code runs. Started by ``judge.py`` inside the OS sandbox
+(``sandbox.py``) and driven over one socket (the messages: ``wire.py``).
 
     python ksearch_graph/harness/runner.py --fd FD --config JSON
 
-Why a second process: the judge generates inputs from hidden seeds, computes the reference and compares, in a process
-the candidate cannot reach. Nothing the candidate does here (patching torch, walking the garbage collector, reading
-freed device memory, reading the environment) can see an expected output or a seed it has not been sent. A crash or a
-CUDA error poisons only this process; the judge reports it and checks that the GPU still works.
+The judge trusts nothing this process says: it makes every input itself and lends it here in memory it owns
+(``lending.py``), reads every output out of the slot it lent into its own memory, and bounds every timing by its
+own clock and, on CPU, by the kernel's count of this process tree's CPU time (``time_bound.py``). What runs here is
+the honest side of that protocol: rebuild the lent inputs, call the candidate, time the call with events (on a GPU)
+behind the launch cover, write the output into the slot. The in-process guards (audit hook, integrity snapshot,
+interpreter hooks, library patches) are a first filter that names the cheat it saw; the judge does not rely on them.
 
-What runs here, per message from the judge (see ``serve``): generate the inputs of one seed with the task's own
-``make_inputs``, call the candidate on them (a correctness call or a warm-up) and send the output and the inputs
-back through CUDA IPC / shared memory, so the judge compares on the device without copies; or time a burst of calls,
-one per seed (``timing.timed_burst``), hold their outputs and inputs, and send those of the calls the judge then
-picks. Before torch is imported the process leaves the network namespace (where Linux allows an unprivileged user
-namespace); torch is imported lazily for that reason (``unshare`` refuses a process with threads).
+Messages, in order: ``Ping`` (answered before anything else), ``Import`` (the task's reference files and the
+candidate's entry: the reference module is loaded, the judge may then ask for ``Calibrate`` bursts, which time a
+function that does no work, then ``Load`` imports the candidate), then ``Lend`` / ``Call`` / ``Warm`` / ``Burst``
+in any order, ``Exit``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import sys
 import time
 
@@ -31,13 +32,15 @@ from . import forgery  # noqa: E402
 from ._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
 from .guards import InterpreterHooks, LibraryPatches  # noqa: E402
 from .isolation import die_with_parent, isolate_network  # noqa: E402
-from .protocol import (Armed, Burst, Call, Drop, Error, Exit, Flags, Import, Loaded, Next, Output, Ping, Pong,  # noqa: E402
-                       Ready, Send, Timed, Warm, Warmed)
+from .lending import put_output, rebuild  # noqa: E402
 from .reporting import Failure, Reported, clip, describe, progress  # noqa: E402
+from .shared_memory import Region  # noqa: E402
 from .tasks import load_module, prepare  # noqa: E402
-from .tensors import fingerprint, key_skeleton, snapshot, without_added_keys  # noqa: E402
 from .timer import Timer  # noqa: E402
 from .timing import timed_burst  # noqa: E402
+from .wire import (Burst, Calibrate, Call, Channel, Done, Error, Exit, Import, Imported, Lend, Load, Loaded,  # noqa: E402
+                   Output, Ping, Pong, Prepared, Ready, Taken, Timed, Warm, Warmed, Go)
+from .wire import FLAG_FIELDS  # noqa: E402
 
 
 def build_torch_extension(root: str, cache: str, entry_point: str):
@@ -66,9 +69,9 @@ def build_torch_extension(root: str, cache: str, entry_point: str):
     try:
         module = cpp_extension.load(name=name, sources=sources, extra_include_paths=[src], build_directory=build,
                                     extra_cuda_cflags=["-O3", "--use_fast_math"], verbose=False)
-    except Exception as e:  # the compiler's own output is in the message; keep its errors, not its command lines
-        lines = [line for line in str(e).splitlines() if "error" in line.lower() or "undefined" in line.lower()]
-        raise Failure("compile_error", clip("\n".join(lines[-20:]) or str(e))) from None
+    except Exception as e:  # the compiler's own output is in the message; keep its first errors and their source
+        from .build_errors import build_error_excerpt
+        raise Failure("compile_error", clip(build_error_excerpt(str(e)) or str(e))) from None
     fn = getattr(module, entry_point, None)
     if fn is None:
         raise Failure("compile_error", f"the extension built, but main.cpp binds no function {entry_point}")
@@ -107,127 +110,164 @@ def _chain(exc):
 
 
 class Runner:
-    def __init__(self, conn, cfg: dict, reference_module, make_inputs, entry, timer: Timer, patches: LibraryPatches,
-                 guards: forgery.Guards | None = None):
-        """``make_inputs``: the task's, bound before the candidate was imported (it could replace the module's)."""
-        self.conn, self.cfg, self.timer, self.patches, self.guards = conn, cfg, timer, patches, guards
+    """The candidate's process after start-up: the judge's requests, one at a time (``serve``)."""
+
+    def __init__(self, channel: Channel, cfg: dict, timer: Timer):
+        self.channel, self.cfg, self.timer = channel, cfg, timer
         self.device, self.root = cfg["device"], cfg["candidate"]
-        self.make_inputs = make_inputs
-        self.entry = entry
-        # The last burst's (output, inputs, key_skeleton) per timed call, until the judge has checked what it chose.
-        self.held = []
+        self.slot: Region | None = None  # the judge's output slot (Lend)
+        self.reference_module = None
+        self.entry = None  # the candidate's entry point, once imported (Load)
+        self.patches: LibraryPatches | None = None
+        self.guards: forgery.Guards | None = None
         self.reference_calls = 0
-        original = reference_module.reference
 
-        def counted(*a, **k):  # calling the task's reference is allowed, but the result says so
-            self.reference_calls += 1
-            return original(*a, **k)
+    # -- messages --------------------------------------------------------------------------------------------------
 
-        reference_module.reference = counted
+    def send(self, msg: tuple) -> None:
+        self.channel.send(msg)
 
-    def flags(self, patches: bool = True) -> Flags:
-        """What the judge checks after each call and burst; ``patches``: look for replaced library functions too
-        (LibraryPatches, ~0.7 ms), not needed when an output already checked is sent again."""
+    def receive(self) -> tuple[tuple, list[int]]:
+        return self.channel.receive_from_judge()
+
+    def serve(self) -> None:
+        while True:
+            msg, fds = self.receive()
+            match msg:
+                case Exit():
+                    return
+                case Ping():
+                    self.send(Pong())
+                case Import():
+                    self.prepare_task(msg.task)
+                case Calibrate():
+                    self.calibrate(msg)
+                case Load():
+                    self.load()
+                case Lend():
+                    if self.slot is not None:
+                        self.slot.close()
+                    self.slot = Region.take(fds[0], msg.nbytes, self.device)
+                case Burst():
+                    self.burst(msg, fds)
+                case Call() | Warm():
+                    self.call(msg, fds)
+
+    def flags(self, patches: bool = True) -> dict:
+        """The in-process guards' findings (wire.FLAG_FIELDS), sent with every output and burst."""
         hooks = list(self.timer.hooks.found) if self.timer.hooks is not None and self.timer.hooks.found else None
-        replaced = self.patches.found() if patches else []
+        replaced = self.patches.found() if patches and self.patches is not None else []
         persisting = None
         runtime = self.timer.runtime
         if runtime is not None:
             now = runtime.persisting_l2_bytes()
             if now is not None and now != runtime.default_persisting_l2:
                 persisting = now
-        return Flags(reference_calls=self.reference_calls, power_limited=self.timer.power_limited,
-                     heat_s=self.timer.spent_s["heat"], fill_s=self.timer.spent_s["fill"], interpreter_hooks=hooks,
-                     library_patches=replaced or None, persisting_l2_bytes=persisting,
-                     **(self.guards.flags() if self.guards is not None else {}))
+        found = {"reference_calls": self.reference_calls, "power_limited": self.timer.power_limited,
+                 "heat_s": self.timer.spent_s["heat"], "fill_s": self.timer.spent_s["fill"],
+                 "interpreter_hooks": hooks, "library_patches": replaced or None, "persisting_l2_bytes": persisting,
+                 "harness_changed": None, "introspection": None}
+        if self.guards is not None:
+            found.update(self.guards.flags())
+        return {k: found[k] for k in FLAG_FIELDS}
 
     def forged(self) -> Error | None:
         """The failure the guards' findings make (forgery.py), for a failure that may come from a blocked reach for
         the harness (audit.py raises into the candidate's code)."""
         return self.guards.error() if self.guards is not None else None
 
-    def serve(self) -> None:
-        # Inference, as the judge calls the reference: a module's parameters would otherwise make every call record
-        # an autograd graph the reference never pays for.
-        load_torch().set_grad_enabled(False)
-        while True:
-            msg = self.conn.recv()
-            match msg:
-                case Exit():
-                    return
-                case Drop():
-                    self.held = []
-                case Send(index):  # one of the last burst's calls, chosen by the judge after the burst
-                    out, inputs, skeleton = self.held[index]
-                    inputs, flags = self.sent_inputs(inputs, skeleton, self.flags(patches=False))
-                    self.conn.send(Output(out, inputs, None, 0.0, flags))
-                case Burst():
-                    self.burst(msg)
-                case Call() | Warm():
-                    self.call(msg)
+    # -- start-up: the task, the calibration, the candidate --------------------------------------------------------
 
-    @staticmethod
-    def sent_inputs(inputs, skeleton, flags: Flags) -> tuple:
-        """(inputs as sent to the judge, flags): dict keys the candidate added taken off and named in the flags."""
-        added = []
-        inputs = without_added_keys(inputs, skeleton, added)
-        return inputs, flags._replace(added_input_keys=added) if added else flags
-
-    def inputs(self, workload: str, params: dict, seed: int) -> tuple:
-        """(inputs, fn, args) of one seed; a failure here is the task's make_inputs failing in this process."""
+    def prepare_task(self, task: dict) -> None:
+        """The task's reference files, written to this process's private folder and loaded (the reference's
+        module: candidates may call it, and module-kind tasks build their model through it)."""
+        self.cfg.update({k: v for k, v in task.items() if k != "reference_files"})
+        self.timer.use_timing(self.cfg.get("timing", "device"))
+        folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), "ksearch-task")
+        os.makedirs(folder, exist_ok=True)
+        for name, text in task["reference_files"].items():
+            path = os.path.normpath(os.path.join(folder, name))
+            if not path.startswith(folder + os.sep):
+                continue
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+        sys.path.insert(0, folder)
         try:
-            inputs = self.make_inputs(params, seed, self.device)
-            return (inputs, *prepare(self.entry, inputs, self.cfg["kind"], self.device))
+            self.reference_module = load_module("ksearch_task_reference", os.path.join(folder, task["reference"]))
         except BaseException as e:
-            self.conn.send(Error("runtime_error", f"workload {workload}: generating its inputs failed:\n"
-                                 + describe(e, self.root)))
+            self.send(Error("runtime_error", "the task's reference failed to load in the candidate's process (a task "
+                            "bug, not the candidate's):\n" + describe(e, folder)))
             raise Reported from None
+        original = self.reference_module.reference
 
-    def burst(self, msg: Burst) -> None:
-        """``count`` timed calls, each on its own inputs; outputs and inputs held for the judge's checks, and each
-        output's fingerprint sent now: an output changed after its call (a thread, say) is caught.
+        def counted(*a, **k):  # calling the task's reference is allowed, but the result says so
+            self.reference_calls += 1
+            return original(*a, **k)
 
-        Each call's seed is asked of the judge only when the call is next: had this process the whole burst's seeds,
-        a candidate could find them (and ``make_inputs``) in its memory and compute later calls' outputs in the heat
-        or in an earlier call (tests/cheats/future_seeds.py)."""
-        workload, params, count, heat_seed, first = msg
-        self.held = []
-        progress(f"time {workload} x{count}")
-        kept = []
+        self.reference_module.reference = counted
+        self.arm()
+        self.send(Prepared())
 
-        def next_call(k: int) -> tuple:
-            self.conn.send(Next(k))
-            inputs, fn, args = self.inputs(workload, params, self.conn.recv().seed)
-            kept.append((inputs, key_skeleton(inputs)))
-            return fn, args
+    def calibrate(self, msg: Calibrate) -> None:
+        """Timed calls of a function that does no work but return empty tensors of the expected output, made
+        exactly as the candidate's will be (before any candidate code exists): what the judge's clock sees around a
+        call besides the call itself (time_bound.py)."""
+        torch = load_torch()
+        shapes = [(tuple(shape), getattr(torch, dtype)) for shape, dtype in msg.outputs]
+        device = self.device
 
+        def nothing(*args):
+            outs = tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes)
+            return outs if len(outs) > 1 else outs[0]
+
+        self.timed_calls(msg.count, entry=self.reference_module.reference, stand_in=nothing)
+        self.send(Timed(self.flags(), None))
+
+    def arm(self) -> None:
+        """The in-process guards, armed once the task is loaded and before the calibration, so that the calibration's
+        calls pay what the candidate's will (the audit hook, the interpreter-hook checks)."""
+        self.timer.hooks = InterpreterHooks()  # what the process has before the candidate's code first runs
+        self.patches = LibraryPatches(self.reference_module)
+        self.guards = forgery.arm(self.root, self.timer, {  # integrity.py's snapshot and audit.py's hook
+            "the interpreter hooks": (self.timer.hooks, ()), "the power gauge": (self.timer.gauge, ()),
+            "the CUDA runtime": (self.timer.runtime, ()), "the launch cover": (self.timer.cover, ()),
+            "the library patches": (self.patches, ()), "the channel": (self.channel, ()),
+            "the runner": (self, ("slot", "reference_calls", "entry", "guards"))})
+
+    def load(self) -> None:
+        """Import (or build) the candidate: its compile time."""
         try:
-            heat_inputs, fn, args = self.inputs(workload, params, heat_seed)
-            self.timer.untimed_us = []
-            self.timer.heat(fn, args, first)
-            prints = []  # taken at once: a thread of the candidate's could change a copy that waits for its check
-            done = timed_burst(self.timer, count, next_call, lambda out: prints.append(fingerprint(out)),
-                               filler=(fn, args), held=heat_inputs)
-            del heat_inputs, fn, args
-        except Reported:
-            raise
-        except BaseException as e:  # the candidate's, SystemExit included
-            self.conn.send(self.forged() or Error("runtime_error", describe(e, self.root)))
+            progress("import candidate")
+            t0 = time.perf_counter()
+            sys.path[0] = self.root  # candidates may import their own helper modules
+            self.entry = load_candidate(self.cfg)
+            compile_s = time.perf_counter() - t0
+            if self.guards.error():  # what the candidate's import did
+                raise Failure("suspicious", "")
+        except Failure as f:
+            self.send(self.forged() or Error(f.status, f.message))
             raise Reported from None
-        self.held = [(out, inputs, skeleton) for (out, *_), (inputs, skeleton) in zip(done, kept)]
-        untimed = sorted(self.timer.untimed_us)
-        self.conn.send(Timed([times for _, *times in done], prints, self.flags(),
-                             untimed[len(untimed) // 2] if untimed else None))
+        except BaseException as e:
+            self.send(self.forged() or start_failure(e, self.cfg))
+            raise Reported from None
+        self.send(Imported(compile_s))
 
-    def call(self, msg: Call | Warm) -> None:
-        workload, params, seed, first = msg
+    # -- calls ------------------------------------------------------------------------------------------------------
+
+    def lent(self, tree: list, regions: list, fds: list[int]) -> tuple:
+        """(inputs, regions) of the judge's lent inputs: the regions are this process's mappings, closed by the
+        caller once the call is over (inputs are valid during their call only)."""
+        taken = [Region.take(fd, nbytes, "cuda" if device == "cuda" else "cpu")
+                 for (device, nbytes), fd in zip(regions, fds)]
+        return rebuild(tree, taken), taken
+
+    def call(self, msg: Call | Warm, fds: list[int]) -> None:
         warm = isinstance(msg, Warm)
-        self.held = []
-        inputs, fn, args = self.inputs(workload, params, seed)
-        before = None if warm else fingerprint(inputs)
-        skeleton = key_skeleton(inputs)
-        progress(f"{'warm' if warm else 'call'} {workload}")
+        inputs, regions = self.lent(msg.inputs, msg.regions, fds)
+        progress(f"{'warm' if warm else 'call'} {msg.workload}")
         try:
+            fn, args = prepare(self.entry, inputs, self.cfg["kind"], self.device)
             t0 = self.timer.perf()
             out = fn(*args)
             if self.timer.hooks is not None:
@@ -235,14 +275,76 @@ class Runner:
             self.timer.sync()  # asynchronous CUDA errors surface here, and belong to this call
             seconds = self.timer.perf() - t0
             if warm:
-                self.conn.send(Warmed(seconds))
-                return
-            inputs, flags = self.sent_inputs(inputs, skeleton, self.flags())
-            self.conn.send(Output(snapshot(out, self.timer.sync), inputs, before, seconds, flags))
+                self.send(Warmed(seconds))
+            else:
+                output = put_output(self.slot, out, self.timer.sync)
+                self.send(Output(output, seconds, self.flags()))
         except BaseException as e:
-            status = "compile_error" if first and is_compiler_error(e) else "runtime_error"
-            self.conn.send(self.forged() or Error(status, describe(e, self.root)))
+            status = "compile_error" if not warm and msg.first and is_compiler_error(e) else "runtime_error"
+            self.send(self.forged() or Error(status, describe(e, self.root)))
             raise Reported from None  # after a CUDA error this process is unusable; the judge is done anyway
+        finally:
+            inputs = fn = args = out = None  # noqa: F841
+            for r in regions:
+                r.close()
+
+    def burst(self, msg: Burst, fds: list[int]) -> None:
+        """A heat on the lent heat inputs, then ``count`` timed calls, each on inputs the judge lends when this
+        process says it is ready (``Ready`` / ``Go``); each output goes into the slot, and the next call waits until
+        the judge has taken it (``Taken``)."""
+        progress(f"time {msg.workload} x{msg.count}")
+        heat_inputs, heat_regions = self.lent(msg.heat, msg.regions, fds)
+        try:
+            try:
+                fn, args = prepare(self.entry, heat_inputs, self.cfg["kind"], self.device)
+                self.timer.untimed_us = []
+                self.timer.heat(fn, args, msg.first)
+            except BaseException as e:  # the candidate's, SystemExit included
+                self.send(self.forged() or Error("runtime_error", describe(e, self.root)))
+                raise Reported from None
+            self.timed_calls(msg.count, entry=self.entry, filler=(fn, args), held=heat_inputs)
+            del fn, args
+        finally:
+            heat_inputs = None
+            for r in heat_regions:
+                r.close()
+        untimed = sorted(self.timer.untimed_us)
+        self.send(Timed(self.flags(), untimed[len(untimed) // 2] if untimed else None))
+
+    def timed_calls(self, count: int, entry, filler=None, held=None, stand_in=None) -> None:
+        """``count`` timed calls through ``timing.timed_burst``; ``stand_in``: call it instead of the entry (a
+        calibration: the entry only builds the arguments)."""
+        regions: list[Region] = []
+
+        def next_call(k: int) -> tuple:
+            self.send(Ready(k))
+            go, fds = self.receive()
+            if not isinstance(go, Go) or go.index != k:
+                raise Reported  # the judge gave up on this burst (it says why itself)
+            inputs, taken = self.lent(go.inputs, go.regions, fds)
+            regions.extend(taken)
+            fn, args = prepare(entry, inputs, self.cfg["kind"], self.device)
+            return (stand_in, args) if stand_in is not None else (fn, args)
+
+        def deliver(k: int, out, times: list[float]) -> None:
+            output = put_output(self.slot, out, self.timer.sync)
+            self.send(Done(k, times, output))
+            while regions:  # the call's inputs are no longer needed
+                regions.pop().close()
+            taken, _ = self.receive()
+            if not isinstance(taken, Taken) or taken.index != k:
+                raise Reported
+
+        try:
+            timed_burst(self.timer, count, next_call, deliver, filler=filler, held=held)
+        except Reported:
+            raise
+        except BaseException as e:  # the candidate's, SystemExit included
+            self.send(self.forged() or Error("runtime_error", describe(e, self.root)))
+            raise Reported from None
+        finally:
+            while regions:
+                regions.pop().close()
 
 
 def start_failure(exc: BaseException, cfg: dict) -> Error:
@@ -258,18 +360,12 @@ def main() -> None:
     p.add_argument("--config", required=True)
     args = p.parse_args()
     cfg = json.loads(args.config)
-    die_with_parent(cfg["judge_pid"])
-    network = isolate_network() if cfg["isolate_network"] else "no (disabled)"
-    from multiprocessing.connection import Connection
-
-    conn = Connection(args.fd)
-    # Shared-memory tensors travel as file descriptors through multiprocessing's resource sharer, which
-    # authenticates with the process authkey: use the judge's.
-    import multiprocessing
-
-    multiprocessing.current_process().authkey = bytes.fromhex(cfg["authkey"])
-    # Its listener socket lives in a temp dir; a long TMPDIR exceeds AF_UNIX's 107-byte path limit.
-    multiprocessing.process.current_process()._config["tempdir"] = cfg["socket_dir"]
+    if cfg.get("sandboxed"):  # bubblewrap ties us to the judge and gave us no network
+        network = "yes (sandbox)"
+    else:
+        die_with_parent(cfg["judge_pid"])
+        network = isolate_network() if cfg["isolate_network"] else "no (disabled)"
+    channel = Channel(socket.socket(fileno=args.fd))
     try:
         torch = load_torch()  # torch does not import triton, so TRITON_INTERPRET can still be set below
         if cfg["device"] == "auto":
@@ -279,52 +375,19 @@ def main() -> None:
             torch.set_num_threads(1)  # CPU timings only order candidates; keep them steady
         timer = Timer(cfg["device"])
     except BaseException as e:
-        conn.send(start_failure(e, cfg))
+        channel.send(start_failure(e, cfg))
         return
     # No candidate code has run yet. The judge may now time the reference on an otherwise idle device (and may even
-    # be waiting for its job: it can start us ahead of time). It says "import", with the task's details, when done;
-    # only then does candidate code run (its import could leave work running on the GPU).
-    conn.send(Loaded({"network_isolated": network, "device": cfg["device"],
-                      "host_spin_wait": bool(timer.runtime and timer.runtime.spin_wait),
-                      "launch_cover": timer.cover_kind}))
-    msg = conn.recv()
-    while isinstance(msg, Ping):  # the judge's round trip, for its own bound on the timings (time_bound.py)
-        conn.send(Pong())
-        msg = conn.recv()
-    if not isinstance(msg, Import):
-        return
-    cfg.update(msg.task)
-    timer.use_timing(cfg.get("timing", "device"))
-    guards = None
+    # be waiting for its job: it can start us ahead of time).
+    channel.send(Loaded({"network_isolated": network, "device": cfg["device"],
+                         "host_spin_wait": bool(timer.runtime and timer.runtime.spin_wait),
+                         "launch_cover": timer.cover_kind}))
+    # Inference, as the judge calls the reference: a module's parameters would otherwise make every call record an
+    # autograd graph the reference never pays for.
+    torch.set_grad_enabled(False)
     try:
-        reference_module = load_module("ksearch_task_inputs", cfg["reference"])
-        sys.path[0] = cfg["candidate"]  # was the package's folder; candidates may import their own helper modules
-        progress("import candidate")
-        timer.hooks = InterpreterHooks()  # what the process has before the candidate's code first runs
-        patches = LibraryPatches(reference_module)
-        make_inputs = reference_module.make_inputs
-        guards = forgery.arm(cfg["candidate"], timer, {  # integrity.py's snapshot and audit.py's hook
-            "the interpreter hooks": (timer.hooks, ()), "the power gauge": (timer.gauge, ()),
-            "the CUDA runtime": (timer.runtime, ()), "the launch cover": (timer.cover, ()),
-            "the library patches": (patches, ()), "the connection": (conn, ())})
-        conn.send(Armed(guards.check_us()))  # sent before any candidate code runs: the judge can trust it
-        t0 = time.perf_counter()
-        entry = load_candidate(cfg)
-        compile_s = time.perf_counter() - t0
-        if guards.error():  # what the candidate's import did
-            raise Failure("suspicious", "")
-    except Failure as f:
-        conn.send((guards and guards.error()) or Error(f.status, f.message))
-        return
-    except BaseException as e:
-        conn.send(start_failure(e, cfg))
-        return
-    conn.send(Ready(compile_s))
-    try:
-        runner = Runner(conn, cfg, reference_module, make_inputs, entry, timer, patches, guards)
-        guards.watch("the runner", runner, ("held", "reference_calls"))
-        runner.serve()
-    except Reported:
+        Runner(channel, cfg, timer).serve()
+    except (Reported, EOFError, ConnectionError):
         pass
 
 

@@ -1,96 +1,102 @@
-"""The candidate's process seen from the judge: requests with time limits, its host memory, and what its death means."""
+"""The candidate's process seen from the judge: started in its sandbox and its own cgroup, requests with time limits,
+every answer parsed strictly (wire.parse), its host memory watched, and what its death means."""
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
-import pickle
 import signal
-import socket
 import subprocess
 import sys
 import time
 
-from .protocol import Error, Exit, TensorsOnly
+from .cgroup import CpuAccount, CpuGroup, ProcessTree
 from .reporting import PROGRESS, Failure
+from .sandbox import CACHE, Sandbox
+from .wire import Channel, Error, Exit, Malformed, pair, parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class RunnerProcess:
-    """The candidate's process, seen from the judge: requests with time limits, and what its death means."""
+    """The candidate's process: ``request`` sends a message (with the descriptors it lends) and returns the checked
+    answer; ``account`` reads its whole tree's CPU time (cgroup.py)."""
 
-    def __init__(self, cfg: dict, log_path: str, env: dict, memory_limit_gb: float):
-        from multiprocessing.connection import Connection
-
+    def __init__(self, cfg: dict, log_path: str, env: dict, memory_limit_gb: float, sandbox: Sandbox,
+                 cache_dir: str):
         self.memory_limit = int(memory_limit_gb * 2**30)
-        ours, theirs = socket.socketpair()
-        self.log_path = log_path
-        cmd = [sys.executable, os.path.join(HERE, "runner.py"), "--fd", str(theirs.fileno()),
-               "--config", json.dumps(cfg)]
+        self.log_path, self.sandbox = log_path, sandbox
+        self.account = CpuAccount(CpuGroup.make())
+        ours, theirs = pair()
+        cfg = cfg | {"sandboxed": sandbox.kind is not None, "cache": CACHE if sandbox.kind else cache_dir}
+        argv = [sys.executable, os.path.join(HERE, "runner.py"), "--fd", str(theirs.fileno()),
+                "--config", json.dumps(cfg)]
+        cmd, inner_env = sandbox.command(argv, candidate=cfg["candidate"], cache=cache_dir, env=env,
+                                         extra_env={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                                                    "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+        popen_env = inner_env if sandbox.kind is None else {"PATH": env.get("PATH", "/usr/bin:/bin")}
         with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=log, cwd=cfg["candidate"], env=env)
+            self.proc = subprocess.Popen(self.account.join_command(cmd), pass_fds=[theirs.fileno()],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=cfg["candidate"],
+                                         env=popen_env)
         theirs.close()
-        self.conn = Connection(ours.detach())
+        self.account.attach(self.proc.pid)
+        self.channel = Channel(ours)
         self.phase = "start-up"
 
-    def request(self, msg: tuple | None, timeout_s: float, phase: str, expect: type | tuple = object) -> tuple:
-        """Send ``msg`` (None: only wait) and return the reply, one of the ``expect`` types; an Error reply raises its
-        Failure, any other reply (or a message that is not one) makes the candidate suspicious."""
+    def request(self, msg: tuple | None, timeout_s: float, phase: str, expect: type | tuple = object,
+                fds: tuple[int, ...] = ()) -> tuple:
+        """Send ``msg`` (None: only wait) and return the answer, one of the ``expect`` types; an Error answer raises
+        its Failure, anything else (another type, a message off the schema) makes the candidate suspicious."""
         self.phase = phase
+        expect = expect if isinstance(expect, tuple) else (expect,)
         try:
             if msg is not None:
-                self.conn.send(msg)
+                self.channel.send(msg, fds)
             if not self.wait(timeout_s):
                 self.kill()
                 raise Failure("timeout", f"the candidate did not finish {phase} within {timeout_s:g} s")
-            data = self.conn.recv_bytes()
+            data = self.channel.receive_untrusted()
+            reply = parse(data, expect)
         except (EOFError, OSError):
             raise self.died() from None
-        try:
-            reply = TensorsOnly(io.BytesIO(data)).load()
-        except pickle.UnpicklingError as e:
+        except Malformed as e:
             self.kill()
-            raise Failure("suspicious", f"{phase}: {e}") from None
-        except Exception as e:  # noqa: BLE001 - a reply type with the wrong fields, a truncated stream: not ours
-            self.kill()
-            raise Failure("suspicious", f"{phase}: the candidate's process sent a malformed message "
-                          f"({type(e).__name__})") from None
+            raise Failure("suspicious", f"{phase}: the candidate's process sent what the protocol does not allow "
+                          f"({e})") from None
         if isinstance(reply, Error):
-            raise Failure(str(reply.status), f"{phase}:\n{reply.message}" if phase else str(reply.message))
-        if not isinstance(reply, expect):
-            self.kill()
-            raise Failure("suspicious", f"{phase}: the candidate's process answered {type(reply).__name__[:40]}, not "
-                          f"{' or '.join(k.__name__ for k in (expect if isinstance(expect, tuple) else (expect,)))}")
+            raise Failure(reply.status, f"{phase}:\n{reply.message}" if phase else reply.message)
         return reply
 
     def wait(self, timeout_s: float) -> bool:
         """Wait for an answer, watching the candidate's host memory (an address-space limit would break CUDA)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if self.conn.poll(min(0.1, max(0.0, deadline - time.monotonic()))):
+            if self.channel.poll(min(0.1, max(0.0, deadline - time.monotonic()))):
                 return True
             rss = self.rss_bytes()
             if rss > self.memory_limit:
                 self.kill()
                 raise Failure("runtime_error", f"the candidate's process used {rss / 2**30:.1f} GB of host memory "
                               f"during {self.phase}; the limit is {self.memory_limit / 2**30:g} GB")
+            if self.proc.poll() is not None and not self.channel.poll(0):
+                raise EOFError
             if time.monotonic() >= deadline:
                 return False
 
     def rss_bytes(self) -> int:
-        try:
-            with open(f"/proc/{self.proc.pid}/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            return 0
+        """Resident memory of the whole tree (the sandbox's processes included)."""
+        total = 0
+        for pid in ProcessTree(self.proc.pid).pids():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{pid}/statm") as f:
+                    total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return total
 
-    def send(self, msg: tuple) -> None:
+    def send(self, msg: tuple, fds: tuple[int, ...] = ()) -> None:
         try:
-            self.conn.send(msg)
+            self.channel.send(msg, fds)
         except OSError:
             raise self.died() from None
 
@@ -100,11 +106,14 @@ class RunnerProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             code = self.proc.returncode
-        if code is not None and code < 0:
-            sig = signal.Signals(-code)
-            how = f"was killed by {sig.name} ({signal.strsignal(sig)})"
-        else:
-            how = f"exited with code {code}"
+        how = f"exited with code {code}"
+        # A signal: the process's own (no sandbox), or its child's that bubblewrap reports as 128 + the signal.
+        number = -code if code is not None and code < 0 else code - 128 if (
+            code is not None and code > 128 and self.sandbox.kind) else None
+        with contextlib.suppress(ValueError):
+            if number:
+                sig = signal.Signals(number)
+                how = f"was killed by {sig.name} ({signal.strsignal(sig)})"
         return Failure("runtime_error", f"the candidate's process {how} during {self.phase}\n{self.log_tail()}")
 
     def log_tail(self, limit: int = 1500) -> str:
@@ -121,12 +130,14 @@ class RunnerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self.account.close()
 
     def stop(self) -> None:
         with contextlib.suppress(OSError, Failure):
-            self.conn.send(Exit())
+            self.channel.send(Exit())
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            self.kill()
-
+            pass
+        self.kill()
+        self.channel.close()

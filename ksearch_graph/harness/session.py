@@ -14,6 +14,7 @@ import time
 from ._torch import load_torch
 from .isolation import kill_descendants
 from .runner_process import RunnerProcess
+from .sandbox import Sandbox
 from .timer import Timer
 
 SEED_ENV = "KSEARCH_EVAL_SEED"
@@ -76,11 +77,10 @@ def _driver_version() -> str | None:
 
 
 def runner_env(private_tmp: str) -> dict:
+    """What the candidate's process may see of the judge's environment: the sandbox's allow-list of it (sandbox.py),
+    with the judge's private temp folder as TMPDIR where there is no sandbox."""
     env = dict(os.environ)
-    env.pop(SEED_ENV, None)
-    env.pop(TRACE_ENV, None)  # the judge's
     env["TMPDIR"] = private_tmp
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
@@ -90,15 +90,18 @@ class Session:
     evaluation's clock."""
 
     def __init__(self, args):
-        self.cfg = {"candidate": os.path.abspath(args.candidate), "device": "auto", "cache": args.cache_dir,
-                    "judge_pid": os.getpid(), "isolate_network": not args.no_network_isolation,
-                    "authkey": _authkey(), "socket_dir": tempfile.mkdtemp(prefix="ksr-", dir="/tmp")}
+        self.cfg = {"candidate": os.path.abspath(args.candidate), "device": "auto",
+                    "judge_pid": os.getpid(), "isolate_network": not args.no_network_isolation}
         private_tmp = os.environ.get("TMPDIR") or "/tmp"
+        # The candidate's compile cache for this evaluation: empty, or a copy of what earlier evaluations of the same
+        # source left (compile_cache.py), filled once the job names the candidate.
+        self.cache = args.eval_cache or tempfile.mkdtemp(prefix="ksearch-cache-", dir=private_tmp)
+        self.sandbox = Sandbox(None if args.sandbox == "none" else "bwrap")
         t0 = time.perf_counter()
         # The candidate's process first: its torch import (seconds) overlaps ours. It picks its device the way we do
         # below, and says which in its "loaded".
         self.runner = RunnerProcess(self.cfg, os.path.join(private_tmp, "candidate.log"), runner_env(private_tmp),
-                                    args.memory_limit_gb)
+                                    args.memory_limit_gb, self.sandbox, self.cache)
         self.phases = {"spawn": time.perf_counter() - t0}
         t0 = time.perf_counter()
         torch = load_torch()
@@ -116,16 +119,14 @@ class Session:
         if self.device == "cuda":
             warm = torch.ones(64, 64, device=self.device)
             (warm @ warm).sum().item()
-        self.environment = environment(self.device)
+        self.environment = environment(self.device) | {"isolation": self.sandbox.isolation,
+                                                       "cpu_accounting": self.runner.account.kind}
         self.phases["imports"] = time.perf_counter() - t0
 
     def close(self) -> None:
         self.runner.stop()
         if sys.platform.startswith("linux"):
             kill_descendants()
-        import shutil
-
-        shutil.rmtree(self.cfg["socket_dir"], ignore_errors=True)
 
 
 class JobWatch:
@@ -163,12 +164,6 @@ def read_job(limit_s: float) -> dict | None:
     return job
 
 
-def _authkey() -> str:
-    import multiprocessing
-
-    return bytes(multiprocessing.current_process().authkey).hex()
-
-
 def read_arguments(argv: list[str] | None, description: str) -> argparse.Namespace:
     """The judge process's command line (judge.py's docstring shows it)."""
     parser = argparse.ArgumentParser(description=description)
@@ -188,7 +183,11 @@ def read_arguments(argv: list[str] | None, description: str) -> argparse.Namespa
     parser.add_argument("--memory-limit-gb", type=float, default=32.0,
                         help="host memory (resident) the candidate's process may use before it is killed")
     parser.add_argument("--no-network-isolation", action="store_true",
-                        help="do not put the candidate in its own network namespace")
+                        help="without a sandbox: do not put the candidate in its own network namespace")
+    parser.add_argument("--sandbox", choices=("bwrap", "none"), default="bwrap",
+                        help="run the candidate's process in bubblewrap (default), or without any sandbox")
+    parser.add_argument("--eval-cache", default=None,
+                        help="this evaluation's compile cache folder (writable by the candidate; default: a new one)")
     parser.add_argument("--job-from-stdin", action="store_true",
                         help="start both processes, then wait for the job on stdin: JSON with task, workloads and "
                         "timings (reference/baseline timings of an earlier evaluation, reused when measured on this "

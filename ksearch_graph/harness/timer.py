@@ -1,5 +1,5 @@
 """The timed call, done the same way for the reference (in the judge) and the candidate (in its process): heat,
-fillers, launch cover, events, the idle probe."""
+fillers, launch cover, events, the idle probe. The judge's flush of the L2 comes before either."""
 
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ class Timer:
             self.event_sync = getattr(base, "synchronize", torch.cuda.Event.synchronize)
             self.sync = torch._C._cuda_synchronize  # device-wide
             self.gauge = PowerGauge(self.runtime.pci_bus_id())
-            self.cover, self.cover_kind = launch_cover(self.flush)
+            # The cover only holds the GPU: the judge flushes the L2 itself before each timed call (flush_l2).
+            self.cover, self.cover_kind = launch_cover(torch.empty(4096, dtype=torch.uint8, device=device))
         else:
             self.sync = lambda: None
             self.elapsed = self.record = self.event_sync = None  # CUDA only
@@ -88,36 +89,59 @@ class Timer:
         self.cover = self.idle_start if self.end_to_end and self.cuda else self.launch_cover
 
     def idle_start(self) -> None:
-        """``cover``'s stand-in under end_to_end timing: the L2 flushed, then the device idle."""
-        self.zero_(self.flush)
+        """``cover``'s stand-in under end_to_end timing: the device idle (the judge flushed the L2 before)."""
         self.sync()
 
-    def time(self, fn, args) -> tuple:
-        """(output, device us, tail us, probe us, host us) of one call, behind the launch cover, which flushes the L2
-        (256 MB written) and then holds the GPU (see POLICY.cover_s).
+    def flush_l2(self) -> None:
+        """Write the 256 MB flush buffer, evicting the L2: the judge does it after making a timed call's inputs and
+        before the call (its own, or the candidate's, which it then starts), so no call finds its inputs cached."""
+        if self.cuda:
+            self.zero_(self.flush)
 
-        Tail: how long the device stayed busy after the call's end event, as this process sees it; probe: how long it
-        takes this process, right now, to see an idle device (the shorter of two idle probes just before the call).
-        Tail minus probe is work the call left on another stream; both come from this process at this moment, so host
-        speed mostly cancels out (docs/timing.md, "What the judge checks").
-        """
-        # The garbage collector is off through the call: a collection (up to ~1 ms once torch is imported) would be
-        # timed, or charged as escaped work (docs/timing.md, "The launch cover and the flush"). It runs between calls.
-        with self.collector_off():
-            return self._time(fn, args)
+    def before_call(self) -> float:
+        """What precedes a timed call outside its measured interval: the integrity guard (the candidate's process),
+        persisting L2 lines evicted, and the idle probe (us): the shorter of two readings of how long this process
+        takes to see an idle device (``time_call``'s tail is judged against it; docs/timing.md, "What the judge
+        checks")."""
+        if self.guard is not None:
+            self.guard()
+        if not self.cuda:
+            return 0.0
+        if self.runtime is not None:
+            self.runtime.reset_persisting_l2()
+        return min(self.idle_gap_us(), self.idle_gap_us())
 
-    def time_and_copy(self, fn, args) -> tuple:
-        """``time``, then the output's ``snapshot``, with the collector off from the first to the last: a collection
-        between them would run the candidate's gc.callbacks, which could finish the output, untimed, before the
-        copy (InterpreterHooks names them too)."""
-        with self.collector_off():
-            out, *times = self._time(fn, args)
-            collecting = self.gc_isenabled()
-            self.gc_disable()
-            copied = snapshot(out, self.sync)
-            if self.hooks is not None:  # a thread of the candidate's may have installed one while this one waited
-                self.hooks.recheck(collecting)
-            return (copied, *times)
+    def time_call(self, fn, args) -> tuple:
+        """(output, device us, tail us, host us) of one call: on CUDA behind the launch cover (its hold covers the
+        host's launch of the call), events around it, then a device-wide synchronize and a third event; the tail is
+        how long the device stayed busy after the call's end event (work left on another stream). The caller keeps
+        the garbage collector off from here until the output is copied (``collector_off``)."""
+        # What the call's measurement uses, bound before the candidate's code runs in it: what the call rebinds on
+        # the timer reaches no clock read of this call, and the guard (integrity.py) sees it before the next.
+        perf, elapsed, sync, record, event_sync, hooks, gc_disable = (
+            self.perf, self.elapsed, self.sync, self.record, self.event_sync, self.hooks, self.gc_disable)
+        if not self.cuda:
+            t0 = perf()
+            out = fn(*args)
+            gc_disable()  # the candidate may have turned it on
+            if hooks is not None:
+                hooks.disarm()
+            us = (perf() - t0) * 1e6
+            return out, us, 0.0, us
+        start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
+        self.cover()  # holds the GPU while the call is launched (see POLICY.cover_s)
+        h0 = perf()
+        record(start)
+        out = fn(*args)
+        gc_disable()  # the candidate may have turned it on
+        if hooks is not None:  # first: what a hook does before this is timed (see InterpreterHooks)
+            hooks.disarm()
+        record(end)
+        sync()  # waits for every stream of the device
+        h1 = perf()
+        record(idle)
+        event_sync(idle)
+        return out, elapsed(start, end) * 1e3, elapsed(end, idle) * 1e3, (h1 - h0) * 1e6
 
     @contextlib.contextmanager
     def collector_off(self):
@@ -128,39 +152,6 @@ class Timer:
         finally:
             if collecting:
                 self.gc_enable()
-
-    def _time(self, fn, args) -> tuple:
-        # What the call's measurement uses, bound before the candidate's code runs in it: what the call rebinds on
-        # the timer reaches no clock read of this call, and the guard (integrity.py) sees it before the next.
-        perf, elapsed, sync, record, event_sync, hooks, gc_disable = (
-            self.perf, self.elapsed, self.sync, self.record, self.event_sync, self.hooks, self.gc_disable)
-        if self.guard is not None:
-            self.guard()
-        if not self.cuda:
-            t0 = perf()
-            out = fn(*args)
-            gc_disable()  # the candidate may have turned it on (see time_and_copy)
-            if hooks is not None:
-                hooks.disarm()
-            us = (perf() - t0) * 1e6
-            return out, us, 0.0, 0.0, us
-        if self.runtime is not None:
-            self.runtime.reset_persisting_l2()
-        probe = min(self.idle_gap_us(), self.idle_gap_us())
-        start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
-        self.cover()  # flushes the L2, then holds the GPU while the call is launched (see POLICY.cover_s)
-        h0 = perf()
-        record(start)
-        out = fn(*args)
-        gc_disable()  # the candidate may have turned it on (see time_and_copy)
-        if hooks is not None:  # first: what a hook does before this is timed (see InterpreterHooks)
-            hooks.disarm()
-        record(end)
-        sync()  # waits for every stream of the device
-        h1 = perf()
-        record(idle)
-        event_sync(idle)
-        return out, elapsed(start, end) * 1e3, elapsed(end, idle) * 1e3, probe, (h1 - h0) * 1e6
 
     def back_to_back(self, fn, args, seconds: float, min_calls: int = 1, while_busy=None) -> None:
         """Untimed calls as ``do_bench`` makes them: flush, call, flush, call, ... with no synchronize between, so the

@@ -15,38 +15,38 @@ if TYPE_CHECKING:
     from .timer import Timer
 
 
-def timed_burst(timer: Timer, count: int, next_call, seen=None, filler=None, held=None) -> list[tuple]:
-    """Time ``count`` calls one after another, each on inputs ``next_call(k)`` generates just before it (returning
-    (fn, args)): [(snapshot of the output, device us, tail us, probe us, host us)] (see ``Timer.time``);
-    ``seen(snapshot)``, if given, right after each snapshot. ``filler``: (fn, args) of the caller's heat, called
+def timed_burst(timer: Timer, count: int, next_call, deliver, filler=None, held=None) -> None:
+    """Time ``count`` calls one after another, each on inputs ``next_call(k)`` provides just before it (returning
+    (fn, args)); ``deliver(k, output, [device us, tail us, probe us, host us])`` takes each call's output at once,
+    with the garbage collector still off (``Timer.time_call``). ``filler``: (fn, args) of the caller's heat, called
     back to back between timed calls (``Timer.fill``); the small blocks the burst will hold are made and freed
-    before its first call (``Timer.reserve_small_blocks``: ``held``, what each call's kept inputs hold, if not just
-    the filler's arguments). The reference (in the judge) and the candidate (here) both go through it.
+    before its first call (``Timer.reserve_small_blocks``: ``held``, what a call's inputs hold, if not the
+    filler's arguments). The reference (in the judge) and the candidate (in its process) both go through it.
 
-    After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only filler calls,
-    its input generation, the launch cover (with the L2 flush), a device-wide synchronize and an output copy in
-    between, as FlashInfer-Bench (a synchronize and a copy of the inputs between calls) and GPU MODE (fresh inputs
-    between calls) time. The inputs of a call do not exist before the previous call has finished: a candidate that
-    found them earlier could work ahead on them (tests/cheats/work_ahead.py). The fillers keep a power-limited
-    workload's GPU as loaded as back-to-back use would (docs/timing.md, "Fillers between timed calls").
+    After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only fillers, the
+    idle probe, its inputs (made by the judge: they do not exist before the previous call has finished, so no
+    candidate can work ahead on them; tests/cheats/work_ahead.py), the L2 flush and the launch cover in between, as
+    FlashInfer-Bench (a synchronize between calls) and GPU MODE (fresh inputs between calls) time. The fillers keep a
+    power-limited workload's GPU as loaded as back-to-back use would (docs/timing.md, "Fillers between timed calls").
     """
     if filler is not None:
         timer.reserve_small_blocks(filler[1] if held is None else held, count)
-    done = []
-    gap_s = 0.0
+    gap_s, last_us = 0.0, 0.0
     for k in range(count):
         if filler is not None and k:
-            timer.fill(*filler, gap_s, done[-1][1])
+            timer.fill(*filler, gap_s, last_us)
         t0 = timer.perf()
-        fn, args = next_call(k)
-        done.append(timer.time_and_copy(fn, args))
-        times = done[-1][1:]
-        del fn, args
-        if seen is not None:
-            seen(done[-1][0])
-        gap_s = max(0.0, timer.perf() - t0 - times[0] * 1e-6)  # times[0]: the call's device time
-    return done
-
+        with timer.collector_off():  # from the probe to the output's copy: a collection would be timed, or charged
+            probe = timer.before_call()
+            fn, args = next_call(k)
+            out, device_us, tail_us, host_us = timer.time_call(fn, args)
+            del fn, args
+            deliver(k, out, [device_us, tail_us, probe, host_us])
+            del out
+            if timer.hooks is not None:  # a thread of the candidate's may have installed one meanwhile
+                timer.hooks.recheck(timer.gc_isenabled())
+        last_us = device_us
+        gap_s = max(0.0, timer.perf() - t0 - device_us * 1e-6)
 
 
 def precise_enough(times: list[float], started_s: float, budget_s: float, now_s: float, min_runs: int = POLICY.min_runs,

@@ -109,12 +109,14 @@ def evaluate_once(
         eval_s=time.monotonic() - started,
     )
     ctx.budget.release(attempt_id)
+    floor = ctx.speed_of_light().fractions(result)
     emit(runtime, AttemptEvent(
         attempt_id=attempt_id, cycle_id=cycle_id, node_id=node_id,
         iteration=row["iteration"], prompt_kind=prompt_kind, status=row["status"],
         score=row["score"], latency_us=row["latency_us"], log=row["log_excerpt"][:200],
         best_score=max(best_before, row["score"] if row["status"] == "passed" else 0.0),
-        tokens=ctx.store.token_totals()["total_tokens"]))
+        tokens=ctx.store.token_totals()["total_tokens"], floor_fraction=floor.fraction if floor else None,
+        implausible=bool(floor and floor.implausible)))
     return row
 
 

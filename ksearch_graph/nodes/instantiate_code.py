@@ -22,6 +22,7 @@ from ..agents import CodeRequest
 from ..context import SearchContext, search_context
 from ..events import CodegenEvent
 from ..state import CycleState
+from ..store import attempt_summary
 from ._common import emit, side_by_side
 
 
@@ -62,7 +63,7 @@ def _generate(ctx: SearchContext, runtime: Runtime[SearchContext], state: CycleS
             base_hash = cycle["base_source_hash"]
             base_summary = {"id": cycle["base_attempt_id"], "score": cycle["base_score"]} if base_hash else None
         emit(runtime, CodegenEvent(cycle_id=cycle["id"], attempt_id=attempt_id, prompt_kind=kind))
-        history = ctx.store.cycle_attempts(cycle["id"])
+        history = _history(ctx, cycle["id"])
         request = CodeRequest(
             kind=kind,
             task=ctx.task,
@@ -76,12 +77,15 @@ def _generate(ctx: SearchContext, runtime: Runtime[SearchContext], state: CycleS
             feedback=state.get("feedback", ""),
             history=history,
             history_files=[ctx.store.get_source(a["source_hash"]) if a["source_hash"] else {} for a in history],
+            analysis=ctx.store.analysis(),
+            sol=ctx.speed_of_light(),
         )
         started = time.monotonic()
         answer = ctx.coder.write(request)
         seconds = time.monotonic() - started
         answer.usage.seconds = seconds
         ctx.store.record_llm_call("coder", "code", answer.usage.as_dict(), seconds)
+        ctx.store.record_exchanges(f"{attempt_id}:code", "coder", kind, answer.usage.transcript)
         cached = {
             "source_hash": ctx.store.put_source(answer.files) if answer.files else None,
             "error": answer.error,
@@ -91,3 +95,12 @@ def _generate(ctx: SearchContext, runtime: Runtime[SearchContext], state: CycleS
         }
         ctx.store.put_generation(f"{attempt_id}:code", cached)
     return cached
+
+
+def _history(ctx: SearchContext, cycle_id: str) -> list[dict]:
+    """The cycle's attempts so far, oldest first: their summaries, failure logs and the attempt each started from
+    (an improve attempt the cycle's best then, any other the attempt before it)."""
+    rows = [ctx.store.get_attempt(a["id"]) for a in ctx.store.cycle_attempts(cycle_id)]
+    return [{**attempt_summary(r), "log": r["log_excerpt"],
+             "derived_from": r["base_attempt_id"] if r["prompt_kind"] == "improve" else r["parent_attempt_id"]}
+            for r in rows if r is not None]

@@ -13,7 +13,9 @@ from langgraph.runtime import Runtime
 from ..agents import Evidence, PlannerOutputError, Usage
 from ..budget import BudgetSpent
 from ..context import SearchContext
+from ..evaluation import EvalResult
 from ..events import CycleOrphanedEvent, EditRejectedEvent, NewBestEvent, WorldModelEvent
+from ..store import attempt_summary
 from ..world_model import (Attachment, EditRejected, EditScript, WorldModel, apply_edits, close_node,
                            ensure_continuation, record_visit)
 from ._common import emit
@@ -40,6 +42,7 @@ def edit_with_retries(
             # The planner's thinking time counts toward --max-wall, as the coder's does.
             usage.seconds = time.monotonic() - started
             ctx.store.record_llm_call("planner", key.split(":")[0], usage.as_dict(), usage.seconds)
+            ctx.store.record_exchanges(cache_key, "planner", key.split(":")[0], usage.transcript)
             ctx.store.put_generation(cache_key, cached)
         if "errors" in cached:
             errors = cached["errors"]
@@ -85,10 +88,12 @@ def merge_cycle(ctx: SearchContext, runtime: Runtime[SearchContext] | None, wm: 
         if best is None or b["score"] > best["score"] * (1 + ctx.config.noise_margin):
             best = best_entry(b, node_id)
             say(NewBestEvent(attempt_id=b["id"], score=b["score"], latency_us=b["latency_us"]))
-        ask = lambda errs, wm=wm, ev=evidence: ctx.planner.after_cycle(ctx.task, wm, ev, errors=errs)
+        ask = lambda errs, wm=wm, ev=evidence: ctx.planner.after_cycle(ctx.task, wm, ev, errors=errs,
+                                                                        sol=ctx.speed_of_light())
         reason = f"update after {cycle_id}"
     else:
-        ask = lambda errs, wm=wm, ev=evidence: ctx.planner.too_hard(ctx.task, wm, ev, errors=errs)
+        ask = lambda errs, wm=wm, ev=evidence: ctx.planner.too_hard(ctx.task, wm, ev, errors=errs,
+                                                                     sol=ctx.speed_of_light())
         reason = f"too-hard update after {cycle_id}"
     try:
         new_wm, errors = edit_with_retries(
@@ -108,12 +113,10 @@ def merge_cycle(ctx: SearchContext, runtime: Runtime[SearchContext] | None, wm: 
 def _evidence(ctx: SearchContext, wm: WorldModel, result: dict) -> Evidence:
     node_id = result["node_id"]
     base = wm.code_parent(node_id).attachment
-    attempts = ctx.store.cycle_attempts(result["cycle_id"])
-    failed = [a for a in attempts if a["status"] != "passed"]
-    last_log = ""
-    if failed:
-        row = ctx.store.get_attempt(failed[-1]["id"])
-        last_log = row["log_excerpt"] if row else ""
+    rows = [ctx.store.get_attempt(a["id"]) for a in ctx.store.cycle_attempts(result["cycle_id"])]
+    attempts = [{**attempt_summary(r), "log": r["log_excerpt"]} for r in rows if r is not None]
+    failed = [r for r in rows if r is not None and r["status"] != "passed"]
+    last_failed = failed[-1] if failed else None
     best = result["best"]
     return Evidence(
         node_id=node_id,
@@ -123,6 +126,16 @@ def _evidence(ctx: SearchContext, wm: WorldModel, result: dict) -> Evidence:
         best=best,
         best_files=ctx.store.get_source(best["source_hash"]) if best else None,
         parent_score=base.score if base else None,
-        last_log=last_log,
+        last_log=last_failed["log_excerpt"] if last_failed else "",
         stop=result["stop"],
+        best_result=_result(ctx, best["id"]) if best else None,
+        parent_result=_result(ctx, base.attempt_id) if base else None,
+        last_failed_id=last_failed["id"] if last_failed else None,
+        last_failed_files=ctx.store.get_source(last_failed["source_hash"]) if last_failed and
+        last_failed["source_hash"] else None,
     )
+
+
+def _result(ctx: SearchContext, attempt_id: str) -> EvalResult | None:
+    row = ctx.store.get_attempt(attempt_id)
+    return EvalResult.model_validate_json(row["result"]) if row and row["result"] else None

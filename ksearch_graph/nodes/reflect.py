@@ -14,6 +14,7 @@ from langgraph.runtime import Runtime
 from ..context import SearchContext, search_context
 from ..evaluation import EvalResult
 from ..events import CycleFinishedEvent
+from ..prompt_parts import performance_table
 from ..state import CycleState
 from ._common import emit
 
@@ -29,12 +30,10 @@ def _feedback(ctx: SearchContext, last: dict, best: dict | None) -> str:
         lines.append(f"The cycle's best is still {best['id']} at {best['score']:.4g}x.")
     row = ctx.store.get_attempt(last["id"])
     if row:
-        result = EvalResult.model_validate_json(row["result"])
-        for w in result.workloads:
-            if w.latency_us is not None:
-                lines.append(f"  {w.workload}: {w.latency_us:.4g} us (reference {w.reference_us or 0:.4g} us)")
-        if not result.timing_representative:
-            lines.append("(timings from the CPU interpreter: they rank candidates but are not GPU numbers)")
+        # Per workload against the reference, the baseline and the floor (prompt_parts.performance_table).
+        table = performance_table(EvalResult.model_validate_json(row["result"]), ctx.speed_of_light())
+        if table:
+            lines.append(table)
     return "\n".join(lines)
 
 

@@ -14,12 +14,14 @@ from langgraph.types import Send, interrupt
 from pydantic import BaseModel, ValidationError
 
 from ..context import SearchContext, search_context
-from ..events import CycleStartedEvent, StoppingEvent
-from ..policy import select_actions
+from ..evaluation import EvalResult
+from ..events import CycleStartedEvent, EditRejectedEvent, StoppingEvent, WorldModelEvent
+from ..policy import select_actions, weak_frontier
 from ..state import SearchState
-from ..world_model import Action, WorldModel
+from ..world_model import Action, WorldModel, apply_edits
 from ._common import emit
 from .cycles import fresh_cycle_state, new_cycle
+from .merge import edit_with_retries
 
 
 def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
@@ -31,6 +33,7 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
     if stop is None:
         remaining = ctx.budget.iterations_left()
         lanes = min(ctx.config.parallel_cycles, remaining)
+        wm = refill_if_weak(ctx, runtime, state, wm)
         picks = select_actions(
             wm,
             lanes,
@@ -66,6 +69,36 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
         start_round(ctx, cycles, waiting, {**state, "world_model": wm.to_state(), "cycle_seq": seq})
     return {"selected": cycles + waiting, "cycle_seq": seq, "stop_reason": None, "world_model": wm.to_state(),
             "last_node": "select_plans"}
+
+
+def refill_if_weak(ctx: SearchContext, runtime: Runtime[SearchContext], state: SearchState,
+                   wm: WorldModel) -> WorldModel:
+    """The reference's refill step: before a cycle starts on a weak frontier (no action valued above 0.5, or none),
+    the planner adds actions. Its answer is cached under ``refill:c<next cycle>``, so a re-run reuses it; a planner
+    without the step (offline) is not asked, and one whose edits are all rejected leaves the tree as it was."""
+    ask = getattr(ctx.planner, "refill", None)
+    if ask is None or not weak_frontier(wm):
+        return wm
+    cycle = f"c{state.get('cycle_seq', 0) + 1}"
+    best = _best_result(ctx, state.get("best"))
+    new_wm, errors = edit_with_retries(
+        ctx, f"refill:{cycle}",
+        lambda errs: ask(ctx.task, wm, errors=errs, sol=ctx.speed_of_light(), best=best),
+        lambda script: apply_edits(wm, script),
+    )
+    if new_wm is None:
+        emit(runtime, EditRejectedEvent(cycle_id=cycle, errors=errors))
+        return wm
+    ctx.store.snapshot_world_model(new_wm.to_state(), iteration=state.get("iterations_done", 0),
+                                   reason=f"refill before {cycle}")
+    emit(runtime, WorldModelEvent(phase=f"refill before {cycle}", nodes=len(new_wm.nodes),
+                                  frontier=len(new_wm.frontier())))
+    return new_wm
+
+
+def _best_result(ctx: SearchContext, best: dict | None) -> tuple[str, EvalResult] | None:
+    row = ctx.store.get_attempt(best["attempt_id"]) if best else None
+    return (row["id"], EvalResult.model_validate_json(row["result"])) if row else None
 
 
 def rolling(ctx: SearchContext) -> bool:

@@ -43,7 +43,7 @@ def init_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> dic
         new_wm, errors = edit_with_retries(
             ctx,
             "init",
-            lambda errs: ctx.planner.initial(ctx.task, wm, errors=errs),
+            lambda errs: ctx.planner.initial(ctx.task, wm, errors=errs, sol=ctx.speed_of_light()),
             lambda script: _checked_init(wm, script),
         )
     except BudgetSpent:  # a cap reached before the planner's first answer: no actions, select_plans stops
