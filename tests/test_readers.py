@@ -1,7 +1,7 @@
 """Readers write nothing, a full disk is called full, and only proven damage suggests --start-over, at the CLI.
 
-- show, history, report and export read a run (finished, or killed with its WAL files left) without creating or
-  changing any file in it, also on a full disk; on an emptied or deleted checkpoint file they stop and say so;
+- show, history, report and export read a run (finished, killed with its WAL files left, or timed on a GPU with no
+  work recorded, which a reader works out) without creating or changing any file in it, also on a full disk; on an emptied or deleted checkpoint file they stop and say so;
 - on a full disk (a file-size limit of 0 bytes stands in for it) resume and recover say "full" and change nothing;
 - both databases damaged: the message names both; a damaged store is never "rebuilt from" itself;
 - a run that cannot be made (a disk that is full from the start) leaves nothing behind;
@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import resource
 import shutil
@@ -66,7 +67,7 @@ def _full_disk():
 
 
 def _on_full_disk(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"} | {"PYTHONDONTWRITEBYTECODE": ""}
     return subprocess.run([sys.executable, "-m", "ksearch_graph.cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=300, preexec_fn=_full_disk, env=env)
 
@@ -94,10 +95,28 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert (killed / "checkpoints.sqlite-wal").exists()
-    return {"finished": finished, "killed": killed}
+    return {"finished": finished, "killed": killed, "gpu timed": _as_if_timed_on_a_gpu(finished, base / "gpu")}
 
 
-READERS = (["show"], ["show", "--json"], ["history"], ["show", "--world-model"])
+def _as_if_timed_on_a_gpu(source: Path, run: Path) -> Path:
+    """A copy of ``source`` whose passing attempts read as timed on an H100, with no work recorded: a reader shows
+    their fraction of the floor, working the task's work out from its reference.py (as for a run from before the
+    work was recorded) without recording it or leaving bytecode beside it."""
+    shutil.copytree(source, run)
+    with closing(sqlite3.connect(run / "store.sqlite")) as db:
+        for attempt_id, text in db.execute("select id, result from attempts where status = 'passed'").fetchall():
+            result = json.loads(text)
+            result["timing_representative"] = True
+            result["environment"].update(device="cuda", gpu="NVIDIA H100 80GB HBM3", triton_interpret=False)
+            db.execute("update attempts set result = ? where id = ?", (json.dumps(result), attempt_id))
+        db.execute("delete from meta where key = 'workload_work'")
+        db.commit()
+        db.execute("pragma wal_checkpoint(truncate)")
+    return run
+
+
+READERS = (["show"], ["show", "--json"], ["history"], ["show", "--world-model"], ["show", "--attempt", "seed"])
+BYTECODE = {"PYTHONDONTWRITEBYTECODE": ""}  # Python's default: it writes __pycache__ beside what it imports
 
 
 @pytest.mark.slow
@@ -105,13 +124,18 @@ def test_readers_change_nothing_in_the_run_also_on_a_full_disk(runs, tmp_path):
     for name, run in runs.items():
         before = _digest(run)
         for reader in READERS:
-            proc = run_cli(reader[0], str(run), *reader[1:])
+            proc = run_cli(reader[0], str(run), *reader[1:], env=BYTECODE)
             assert proc.returncode == 0 and proc.stdout, (name, reader, proc.stderr)
             full = _on_full_disk(reader[0], str(run), *reader[1:])
-            assert full.returncode == 0 and full.stdout == proc.stdout, (name, reader, full.stderr)
-        run_cli("report", str(run), "--out", str(tmp_path / name / "report"), check=True)
-        run_cli("export", str(run), "--out", str(tmp_path / name / "export"), check=True)
+            # Working the work out needs torch's temporary directory, which a full disk denies: the floor is unknown
+            # then, and everything else reads the same.
+            same = full.stdout == proc.stdout or name == "gpu timed" and full.stdout
+            assert full.returncode == 0 and same, (name, reader, full.stderr)
+        run_cli("report", str(run), "--out", str(tmp_path / name / "report"), env=BYTECODE, check=True)
+        run_cli("export", str(run), "--out", str(tmp_path / name / "export"), env=BYTECODE, check=True)
         assert _digest(run) == before, name  # no -wal/-shm made, no schema written, no byte changed
+        assert not list(run.rglob("__pycache__")), name  # the task's reference was imported without bytecode
+    assert "of the speed-of-light floor on H100" in run_cli("show", str(runs["gpu timed"])).stdout
 
 
 @pytest.mark.slow
@@ -132,7 +156,7 @@ def test_readers_stop_on_an_emptied_or_deleted_checkpoint_file(runs, tmp_path):
 
 @pytest.mark.slow
 def test_a_full_disk_is_called_full_never_damaged(runs, tmp_path):
-    for name, source in runs.items():
+    for name, source in ((n, runs[n]) for n in ("finished", "killed")):
         run = tmp_path / name
         shutil.copytree(source, run)
         before = _digest(run)
