@@ -82,6 +82,15 @@ def _add_pool_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-model", help="Ray: run on GPUs of this accelerator type only (needed on a mixed cluster)")
 
 
+SANDBOX_HELP = ("where candidates run: bwrap, a bubblewrap sandbox (default), or none, as you, able to read your "
+                "files and credentials (only on a host without bubblewrap); kept with the run")
+
+
+def _add_sandbox_option(p: argparse.ArgumentParser, *, kept: str = "") -> None:
+    """--sandbox, saved in the run's config (config.py); ``kept``: what a command that continues runs does without it."""
+    p.add_argument("--sandbox", choices=["bwrap", "none"], help=SANDBOX_HELP + kept)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -246,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     _add_search_options(p)
     _add_pool_options(p)
+    _add_sandbox_option(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("campaign", help="one search per task, side by side on one pool, with one token/cost budget "
@@ -255,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live table")
     _add_search_options(p)
     _add_pool_options(p)
+    _add_sandbox_option(p, kept="; run again without it, a campaign keeps its searches' setting")
     _add_gpu_change_option(p)
     p.set_defaults(func=cmd_campaign)
 
@@ -269,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answer", help="answer a pending plan approval: approve | stop | 'pick ID' | 'edit JSON'")
     p.add_argument("--quiet", action="store_true")
     _add_pool_options(p)
+    _add_sandbox_option(p, kept="; without it, the run keeps the setting it began with")
     _add_gpu_change_option(p)
     p.set_defaults(func=cmd_resume)
 

@@ -38,15 +38,26 @@ def _pool_options(args):
 
 
 def _make_evaluator(options, config: SearchConfig, task):
-    """The evaluation pool a search will use, made before anything is written (a bad option or a Ray cluster that
-    cannot be joined stops the command with nothing left behind)."""
+    """The evaluation pool a search will use, made before anything is written (a bad option, a Ray cluster that
+    cannot be joined, or a host that cannot make the candidates' sandbox stops the command with nothing left
+    behind)."""
+    from .harness.client import SandboxUnavailable
     from .harness.make_pool import make_pool
     from .harness.pool import PoolError
+    from .preflight import sandbox_failure
 
     try:
         return make_pool(options, config, task)
     except PoolError as e:
         raise RunDirError(str(e)) from None
+    except SandboxUnavailable as e:
+        raise sandbox_failure(str(e)) from None
+
+
+def _warn_unsandboxed(config: SearchConfig) -> None:
+    if config.sandbox == "none":
+        print("warning: --sandbox none: candidates' code runs without a sandbox, as you, and can read your files "
+              "and credentials; every result records it (isolation)", file=sys.stderr, flush=True)
 
 
 def _preflight(evaluator, task, *, check_task: bool = True, quiet: bool = False):
@@ -116,6 +127,7 @@ def _config_from_args(args) -> SearchConfig:
         planner="llm" if use_llm else "offline",
         seed=args.seed,
         approve_plans=args.approve_plans,
+        sandbox=args.sandbox or "bwrap",
         **settings,
     )
 
@@ -345,6 +357,7 @@ def cmd_run(args) -> int:
 
     config = _config_from_args(args)
     options = _pool_options(args)
+    _warn_unsandboxed(config)
     if config.planner == "offline" and (os.environ.get(args.api_key_env) and not args.offline):
         print(f"note: {args.api_key_env} is set but no --model was given; using the offline planner")
     with _task_folder(args.task, args.definition) as task_folder:
@@ -381,6 +394,9 @@ def cmd_resume(args) -> int:
     if answer is not None and pending_question(run) is None:
         raise RunDirError(f"{run.path} is not waiting for an answer")
     moved = _move_endpoint(run, args.base_url, args.model)
+    resandboxed = args.sandbox is not None and args.sandbox != run.config.sandbox
+    run.config.sandbox = args.sandbox or run.config.sandbox  # saved below, once every check has passed
+    _warn_unsandboxed(run.config)
     target = _iteration_target(run, args.iterations, args.more)
     evaluator = checked = None
     if not is_finished(run) or (target is not None and target > _iterations_done(run)):
@@ -390,7 +406,7 @@ def cmd_resume(args) -> int:
         except BaseException:
             getattr(evaluator, "close", lambda: None)()
             raise
-    if moved:
+    if moved or resandboxed:
         run.save()
     if checked is not None:
         _record_preflight(run, checked)
@@ -509,6 +525,9 @@ def cmd_campaign(args) -> int:
             return 0
         first = next(iter(todo.values()))
         run_config = first[0].config if first[0] is not None else config
+        if args.sandbox is not None:  # a campaign run again keeps its searches' sandbox unless told otherwise
+            run_config = run_config.model_copy(update={"sandbox": args.sandbox})
+        _warn_unsandboxed(run_config)
         evaluator = _make_evaluator(options, run_config, first[1])  # one pool for every search of the campaign
         try:
             if campaign is not None:
@@ -526,6 +545,10 @@ def cmd_campaign(args) -> int:
             raise
     for name, found in checked.items():
         _record_preflight(RunDir.open(campaign.path / campaign.runs[name]), found)
+    for run, _ in todo.values():  # an existing campaign's searches told to change their sandbox
+        if run is not None and run.config.sandbox != run_config.sandbox:
+            run.config.sandbox = run_config.sandbox
+            run.save()
     print(f"campaign {args.runs_dir}: {', '.join(campaign.runs)}")
     try:
         failed = campaign.run(evaluator, quiet=args.quiet, allow_gpu_change=args.allow_gpu_change)

@@ -3,9 +3,13 @@
 ``ksearch run`` and ``ksearch campaign`` run it before a run directory is made and before the first LLM call;
 ``ksearch resume`` runs the pool's part (and the task's, for a run that has not measured its seed yet).
 
+0. The sandbox the candidates run in (harness/sandbox.py): where the pool's evaluations use bubblewrap and this host
+   cannot make one, the local pool is never made (``SandboxUnavailable``) and the run stops here, with the install
+   hint; ``--sandbox none`` runs candidates without it.
 1. The pool: every GPU slot of the local pool, one probe for its CPU slots (they share this machine and its Python),
    every node of a Ray cluster that has the resource the pool asks for. A fresh process there imports the package
-   (the version here), torch, and reports its GPU model; on a GPU it runs a small CUDA operation (the GPU's health).
+   (the version here), torch, and reports its GPU model; on a GPU it runs a small CUDA operation (the GPU's health);
+   where the evaluations use bubblewrap, it makes a sandbox there.
 2. The task: its seed is evaluated in the harness on the pool, so its reference runs and its seed passes. A task
    without a seed has its reference stand in as the candidate where its language is Python.
 
@@ -44,6 +48,8 @@ except Exception:
     out["version"] = None
 try:
     import ksearch_graph.harness.client  # what every evaluation there imports
+    from ksearch_graph.harness.sandbox import unavailable_reason
+    out["sandbox_error"] = unavailable_reason()
 except BaseException as e:
     out["import_error"] = f"{type(e).__name__}: {e}"
 try:
@@ -115,15 +121,30 @@ def probe_pool(pool) -> list[dict]:
         reports = _probe_ray(pool)
     else:  # an evaluator that is no pool (a test's): nothing to probe
         return []
-    expected_model = getattr(pool, "model", None)
-    problems = [p for r in reports if (p := _problem(r, expected_model))]
+    expected_model, sandbox = getattr(pool, "model", None), sandbox_of(pool)
+    problems = [p for r in reports if (p := _problem(r, expected_model, sandbox))]
     if problems:
         raise PreflightFailed("the evaluation pool is not fit to run the search, so nothing was started:\n  "
                               + "\n  ".join(problems))
     return reports
 
 
-def _problem(report: dict, model: str | None) -> str | None:
+def sandbox_of(pool) -> str:
+    """The sandbox the pool's evaluations run candidates in: "bwrap" or "none" (SubprocessEvaluator's ``sandbox``)."""
+    if isinstance(getattr(pool, "settings", None), dict):  # a Ray pool: its workers' settings
+        return pool.settings.get("sandbox", "bwrap")
+    slots = getattr(pool, "slots", None)
+    evaluator = slots[0].evaluator if isinstance(slots, list) and slots else pool
+    return getattr(evaluator, "sandbox", "bwrap")
+
+
+def sandbox_failure(reason: str, where: str = "this host") -> PreflightFailed:
+    """The run cannot start: candidates would run in bubblewrap, which ``where`` cannot make (``reason`` carries
+    harness/sandbox.py's install hint)."""
+    return PreflightFailed(f"candidates run in a sandbox, and {where} cannot make one: {reason}")
+
+
+def _problem(report: dict, model: str | None, sandbox: str = "bwrap") -> str | None:
     where, version = report["where"], local_version()
     if report.get("error"):
         return f"{where}: {report['error']}"
@@ -135,6 +156,8 @@ def _problem(report: dict, model: str | None) -> str | None:
                "install the same version everywhere"
     if report.get("torch_error"):
         return f"{where}: torch cannot be used there ({report['torch_error']})"
+    if sandbox == "bwrap" and report.get("sandbox_error"):
+        return f"{where}: the candidates' sandbox cannot be made there: {report['sandbox_error']}"
     found = report.get("gpu_model") or "cpu"
     if model is not None and model not in ("cpu", "gpu") and not same_model(found, model):
         return f"{where}: its GPU is {describe(found)}, the pool's model is {describe(model)}"

@@ -4,7 +4,8 @@
 - a Ray worker killed while it evaluates: the evaluation runs once more on another worker, and the search records
   every attempt once; killed twice in a row, it is an infrastructure failure, tried again by the search and charged
   to no candidate;
-- a cluster whose workers lack the package is refused at preflight, with nothing written (its own small cluster).
+- a cluster whose workers lack the package, or cannot make the candidates' sandbox, is refused at preflight, with
+  nothing written (its own small cluster).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from conftest import REPO, SOFTMAX, run_cli
@@ -147,20 +150,11 @@ def test_preflight_refuses_a_cluster_whose_workers_lack_the_package(tmp_path):
     (next(venv.glob("lib/python3*/site-packages")) / "borrowed.pth").write_text(f"{site}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "PYTHONPATH")}
     env["RAY_AUTH_MODE"] = "disabled"
-    starter = ("import ray, sys; ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False); "
-               "print(ray.get_runtime_context().gcs_address, flush=True); sys.stdin.read()")
-    cluster = subprocess.Popen([str(venv / "bin" / "python"), "-c", starter], env=env, cwd=tmp_path,
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        address = cluster.stdout.readline().strip()
-        assert address, "the cluster did not start"
+    with _own_cluster(str(venv / "bin" / "python"), env, tmp_path) as address:
         cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations", "1",
                "--ray-address", address, "--run-dir", str(tmp_path / "run")]
         # Run from outside the repository: Ray hands the driver's working directory to its workers.
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    finally:
-        cluster.stdin.close()
-        cluster.wait(timeout=60)
     assert proc.returncode == 69 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert "No module named 'ksearch_graph'" in proc.stderr and "install ksearch-graph" in proc.stderr, proc.stderr
     assert "Nothing was written and nothing spent" in proc.stderr and not (tmp_path / "run").exists()
@@ -170,3 +164,32 @@ def test_preflight_refuses_a_cluster_whose_workers_lack_the_package(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "cannot join the Ray cluster" in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_preflight_refuses_a_cluster_whose_nodes_cannot_make_the_sandbox(tmp_path):
+    """The cluster's workers find no bubblewrap (KSEARCH_BWRAP names none there) while this host has one: the run
+    stops at preflight, exit 69, naming the node and the install hint, nothing written."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"} | {"RAY_AUTH_MODE": "disabled"}
+    with _own_cluster(sys.executable, env | {"KSEARCH_BWRAP": "/nonexistent"}, tmp_path) as address:
+        cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations", "1",
+               "--ray-address", address, "--run-dir", str(tmp_path / "run")]
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 69 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert "Ray node" in proc.stderr and "the candidates' sandbox cannot be made there" in proc.stderr, proc.stderr
+    assert "install bubblewrap" in proc.stderr and not (tmp_path / "run").exists()
+
+
+@contextmanager
+def _own_cluster(python: str, env: dict[str, str], cwd: Path) -> Iterator[str]:
+    """A one-CPU Ray cluster started by ``python`` with ``env`` (its workers' Python and environment); its address."""
+    starter = ("import ray, sys; ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False); "
+               "print(ray.get_runtime_context().gcs_address, flush=True); sys.stdin.read()")
+    cluster = subprocess.Popen([python, "-c", starter], env=env, cwd=cwd, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        address = cluster.stdout.readline().strip()
+        assert address, "the cluster did not start"
+        yield address
+    finally:
+        cluster.stdin.close()
+        cluster.wait(timeout=60)
