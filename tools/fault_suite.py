@@ -10,8 +10,9 @@ two writers at once; a full disk (RLIMIT_FSIZE) and a disk that stays full (a fu
 limit of 0) while resume, recover and the readers run; a read-only run directory (where it can be made); bad budgets;
 budgets after kill -9, Ctrl-C, a full disk and a branch at an attempt (a cycle in progress launched with a 12
 iteration allowance); the readers (show, history, report) on damaged, emptied and deleted databases; a task whose
-reference does not compile; judges killed on the local pool (the infrastructure down, then two deaths in one
-attempt); on Ray (where installed), a cluster whose workers lack the package and a worker lost twice.
+reference does not compile; a host that cannot make the candidates' sandbox; judges killed on the local pool (the
+infrastructure down, then two deaths in one attempt); on Ray (where installed), a cluster whose workers lack the
+package, one whose workers cannot make the sandbox, and a worker lost twice.
 After each, the user's way out is taken: ``resume``, or, when that stops with a clear message, ``recover`` and
 ``resume``. A fault is survived when the run then finishes with every attempt recorded before the fault and
 no attempt evaluated twice; a refusal (a broken task, a pool that cannot run it, a reader on a damaged file) counts
@@ -540,6 +541,19 @@ def broken_reference(work: Path) -> Outcome:
                                                                               f"{proc.stderr.strip()[-250:]}")
 
 
+def no_sandbox(work: Path) -> Outcome:
+    """A host that cannot make the candidates' sandbox (KSEARCH_BWRAP names no bwrap): refused at preflight, exit 69,
+    with the install hint, nothing written."""
+    fault = "a host that cannot make the sandbox (no bwrap)"
+    proc = ksearch("run", str(TASK), "--run-dir", str(work / "no-sandbox"), "--iterations", "1",
+                   env={"KSEARCH_BWRAP": "/nonexistent"})
+    ok = proc.returncode == 69 and "install bubblewrap" in proc.stderr and "--sandbox none" in proc.stderr and \
+        not (work / "no-sandbox").exists() and "Traceback" not in proc.stderr
+    return Outcome(fault, "stopped" if ok else "FAILED", spent=0 if ok else None,
+                   note=proc.stderr.strip()[20:125] + "..." if ok else f"exit {proc.returncode}: "
+                                                                     f"{proc.stderr.strip()[-250:]}")
+
+
 def children(pid: int, marker: bytes) -> list[int]:
     """Processes whose parent is ``pid`` and whose command line holds ``marker``."""
     found = []
@@ -645,8 +659,9 @@ def stop_cluster(proc: subprocess.Popen) -> None:
 
 
 def ray_faults(work: Path) -> list[Outcome]:
-    """On Ray: a cluster whose workers lack the package (refused at preflight, exit 69, nothing written); a worker
-    lost twice in one evaluation (tried again, charged to no candidate)."""
+    """On Ray: a cluster whose workers lack the package, or cannot make the candidates' sandbox (refused at
+    preflight, exit 69, nothing written); a worker lost twice in one evaluation (tried again, charged to no
+    candidate)."""
     try:
         import ray  # noqa: F401
     except ImportError:
@@ -665,6 +680,19 @@ def ray_faults(work: Path) -> list[Outcome]:
                        "--ray-address", address, env=env, cwd=work)  # from outside the repository: see ray_cluster
         ok = proc.returncode == 69 and "No module named 'ksearch_graph'" in proc.stderr and \
             not (work / "ray-no-package").exists()
+        out.append(Outcome(fault, "stopped" if ok else "FAILED", spent=0 if ok else None,
+                           note=proc.stderr.strip().splitlines()[1].strip()[:110] if ok else
+                           f"exit {proc.returncode}: {proc.stderr.strip()[-250:]}"))
+    finally:
+        stop_cluster(cluster)
+    cluster, address = ray_cluster(sys.executable, {**env, "PYTHONPATH": str(REPO), "KSEARCH_BWRAP": "/nonexistent"},
+                                   work)
+    try:
+        fault = "Ray: the workers cannot make the sandbox"
+        proc = ksearch("run", str(TASK), "--run-dir", str(work / "ray-no-sandbox"), "--iterations", "1",
+                       "--ray-address", address, env=env, cwd=work)
+        ok = proc.returncode == 69 and "the candidates' sandbox cannot be made there" in proc.stderr and \
+            "install bubblewrap" in proc.stderr and not (work / "ray-no-sandbox").exists()
         out.append(Outcome(fault, "stopped" if ok else "FAILED", spent=0 if ok else None,
                            note=proc.stderr.strip().splitlines()[1].strip()[:110] if ok else
                            f"exit {proc.returncode}: {proc.stderr.strip()[-250:]}"))
@@ -738,6 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         report(budget_faults(work))
         report(readers_on_damage(work, base))
         report(broken_reference(work))
+        report(no_sandbox(work))
         report(local_infrastructure(work))
         if not args.fast:
             report(ray_faults(work))
