@@ -1,6 +1,7 @@
 """The candidates' sandbox at the CLI: a host that cannot make one (KSEARCH_BWRAP names no bwrap, so none is looked
 up on PATH) stops run, campaign and resume at preflight with the install hint, nothing written and nothing spent;
-``--sandbox none`` runs there with a warning, kept with the run, and every result records its isolation."""
+``--sandbox none`` runs there with a warning, kept with the run, and every result records its isolation. A sandbox
+that starts no evaluation is the pool's failure, never the task's or a candidate's."""
 
 from __future__ import annotations
 
@@ -29,6 +30,20 @@ def test_a_host_without_a_sandbox_stops_run_and_campaign_before_anything_is_writ
                    env=NO_BWRAP)
     assert _refused(proc), proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sandbox_that_starts_no_evaluation_is_the_pools_failure_not_the_tasks(tmp_path):
+    """bwrap passes the host check but refuses every real sandbox (as where user namespaces run out): the seed's
+    evaluation fails before any of its code ran, three times, so preflight stops (69) blaming the pool."""
+    bwrap = tmp_path / "bwrap"
+    bwrap.write_text('#!/bin/sh\nfor last; do :; done\n[ "$last" = true ] && exit 0\n'
+                     'echo "bwrap: setting up uid map: Permission denied" >&2\nexit 1\n')
+    bwrap.chmod(0o755)
+    proc = run_cli("run", str(SOFTMAX), "--run-dir", str(tmp_path / "run"), "--iterations", "1",
+                   env={"KSEARCH_BWRAP": str(bwrap)})
+    assert proc.returncode == 69 and "failed 3 times outside the task's code" in proc.stderr, proc.stderr
+    assert "died before any candidate code ran" in proc.stderr and "fix the task" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def _isolations(run: Path) -> dict[str, str]:

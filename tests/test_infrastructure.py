@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -25,11 +26,17 @@ def test_the_failure_markers_are_what_the_harness_writes():
     """failures.classify recognises the judge's and the client's own words: they must still be there."""
     from ksearch_graph.harness import failures
 
-    judge = (REPO / "ksearch_graph" / "harness" / "judge.py").read_text()
-    client = (REPO / "ksearch_graph" / "harness" / "client.py").read_text()
+    harness = REPO / "ksearch_graph" / "harness"
+    judge, client, runner, runner_process = ((harness / name).read_text() for name in
+                                             ("judge.py", "client.py", "runner.py", "runner_process.py"))
     assert failures.TASK_REFERENCE in judge and f'"{failures.JUDGE_CRASH.strip()}' in judge
     for marker in (failures.JUDGE_LOST, failures.CANNOT_START, failures.UNREADABLE):
         assert marker in client, marker
+    assert failures.REFERENCE_IN_RUNNER in runner
+    assert f'f"{failures.RUNNER_DIED}{{how}} during {{self.phase}}' in runner_process
+    joined = re.sub(r'"\s*\n\s*"', "", judge)  # string literals continued on the next line, as one
+    for phase in failures.BEFORE_CANDIDATE_CODE:  # the judge's requests before the candidate's code is imported
+        assert joined.index(f'"{phase}"') < joined.index('"compiling (importing) the candidate"'), phase
 
 
 def test_classify_tells_the_tasks_and_the_harness_failures_from_the_candidates():
@@ -48,6 +55,13 @@ def test_classify_tells_the_tasks_and_the_harness_failures_from_the_candidates()
         == "the evaluation's judge process was killed by SIGKILL (Killed)"
     assert kind(Status.unavailable, "cannot start /usr/bin/python: [Errno 28] No space left")[0] == \
         "infrastructure_error"
+    assert kind(Status.runtime_error, "the task's reference failed to load in the candidate's process (a task "
+                "bug, not the candidate's):\nModuleNotFoundError: No module named 'x'")[1] == \
+        "the task's reference failed (a task bug)"
+    assert kind(Status.runtime_error, "the candidate's process exited with code 1 during starting the candidate's "
+                "process\nbwrap: setting up uid map: Permission denied")[0] == "infrastructure_error"
+    assert kind(Status.runtime_error, "the candidate's process was killed by SIGSEGV (Segmentation fault) during "
+                "compiling (importing) the candidate\n") == ("runtime_error", "")
     assert kind(Status.runtime_error, "Traceback ...\nZeroDivisionError: division by zero") == ("runtime_error", "")
     assert kind(Status.unavailable, "this task's candidates are cuda code and this machine has no CUDA GPU") == \
         ("unavailable", "")

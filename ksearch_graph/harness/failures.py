@@ -1,8 +1,8 @@
 """Failures the candidate did not cause: evaluations that could not judge it.
 
 The evaluation's own machinery can fail: a pool slot or a Ray worker (the package missing there, the worker lost),
-the judge's process (it crashed, or died before it wrote a result), the task's reference, the disk the evaluation
-writes to. Such a result is not the candidate's. ``infrastructure_error`` makes one (status
+the judge's process (it crashed, or died before it wrote a result), the candidate's sandboxed process before any
+candidate code ran in it (its sandbox could not start), the task's reference, the disk the evaluation writes to. Such a result is not the candidate's. ``infrastructure_error`` makes one (status
 ``infrastructure_error``, ``infrastructure`` saying what failed); ``classify`` recognises the judge's and the
 client's own reports of such failures in a result that came back under another status.
 """
@@ -20,6 +20,11 @@ JUDGE_CRASH = "evaluation failed: "  # judge: its catch-all for a harness or tas
 JUDGE_LOST = "the evaluation process was "  # client: the judge died, or exited, without writing a result
 CANNOT_START = "cannot start "  # client: the judge's process could not be started (no disk, no interpreter)
 UNREADABLE = "unreadable result file"  # client: the judge's result file was cut (a full disk)
+REFERENCE_IN_RUNNER = "the task's reference failed to load in the candidate's process"  # runner: a task bug
+RUNNER_DIED = "the candidate's process "  # runner_process: "... exited with code 1 during <phase>"
+# judge: the phases before any candidate code runs; the candidate's process dying in one (its sandbox could not
+# start, the machine) is not the candidate's doing
+BEFORE_CANDIDATE_CODE = ("starting the candidate's process", "loading the task in the candidate's process")
 
 
 def infrastructure_error(reason: str, log: str = "") -> EvalResult:
@@ -35,8 +40,12 @@ def classify(result: EvalResult, *, reference: str | None = None) -> EvalResult:
     log = result.log_excerpt or ""
     reason = None
     if result.status == Status.runtime_error:
-        if log.startswith(TASK_REFERENCE) or (log.startswith(JUDGE_CRASH) and reference and _in_file(log, reference)):
+        if log.startswith((TASK_REFERENCE, REFERENCE_IN_RUNNER)) or (
+                log.startswith(JUDGE_CRASH) and reference and _in_file(log, reference)):
             reason = "the task's reference failed (a task bug)"
+        elif log.startswith(RUNNER_DIED) and log.split("\n")[0].endswith(
+                tuple(f" during {phase}" for phase in BEFORE_CANDIDATE_CODE)):
+            reason = "the candidate's process died before any candidate code ran: its sandbox, or the machine"
         elif log.startswith(JUDGE_CRASH):
             reason = "the evaluation's judge process crashed"
         elif log.startswith(JUDGE_LOST):
