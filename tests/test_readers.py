@@ -133,6 +133,8 @@ def test_readers_change_nothing_in_the_run_also_on_a_full_disk(runs, tmp_path):
             assert full.returncode == 0 and same, (name, reader, full.stderr)
         run_cli("report", str(run), "--out", str(tmp_path / name / "report"), env=BYTECODE, check=True)
         run_cli("export", str(run), "--out", str(tmp_path / name / "export"), env=BYTECODE, check=True)
+        run_cli("export", str(run), "--format", "flashinfer-trace", "--out", str(tmp_path / name / "trace"),
+                env=BYTECODE, check=True)
         assert _digest(run) == before, name  # no -wal/-shm made, no schema written, no byte changed
         assert not list(run.rglob("__pycache__")), name  # the task's reference was imported without bytecode
     assert "of the speed-of-light floor on H100" in run_cli("show", str(runs["gpu timed"])).stdout
