@@ -12,17 +12,18 @@ is left of the campaign's, every second, so the searches stop together when it i
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import threading
 import time
-from contextlib import AbstractContextManager
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from .config import SearchConfig
-from .run_dir import RunDir, RunDirError
-from .task import load_task
+from .run_dir import RunDir, RunDirError, write_atomically
+from .task import Task
 
 CAMPAIGN_FILE = "campaign.json"
 
@@ -36,64 +37,90 @@ class Campaign:
     results: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
-    def create_or_open(cls, path: Path, tasks: list[str], config: SearchConfig,
-                       task_folder: Callable[[str], AbstractContextManager[Path]]) -> "Campaign":
+    def open(cls, path: Path, tasks: list[Task]) -> "Campaign | None":
+        """The campaign in ``path``, or None when there is none; ``tasks`` (if given) must be its tasks."""
         manifest = path / CAMPAIGN_FILE
-        if manifest.is_file():
-            data = json.loads(manifest.read_text())
-            campaign = cls(path, data["runs"], data.get("max_tokens"), data.get("max_cost_usd"))
-            if tasks:
-                names = set()
-                for t in tasks:
-                    with task_folder(t) as folder:
-                        names.add(load_task(folder).name)
-                if names != set(campaign.runs):
-                    raise RunDirError(f"{path} is a campaign over {', '.join(sorted(campaign.runs))}; resume it "
-                                      f"without tasks (ksearch campaign --runs-dir {path}) or use another --runs-dir")
-            return campaign
-        if not tasks:
-            raise RunDirError(f"{path} holds no campaign; name the tasks: ksearch campaign TASK... --runs-dir {path}")
-        path.mkdir(parents=True, exist_ok=True)
-        runs: dict[str, str] = {}
-        for t in tasks:
-            with task_folder(t) as folder:
-                task = load_task(folder)
-                name = task.name
-                if config.planner == "offline" and task.spec.template is None:
-                    raise RunDirError(f"task {name} has no kernel template, so the offline (no-LLM) planner cannot "
-                                      "search it; search it with an LLM: --model M [--base-url URL]")
-                if name in runs:
-                    raise RunDirError(f"task {name} is named twice")
+        if not manifest.is_file():
+            if not tasks:
+                raise RunDirError(f"{path} holds no campaign; name the tasks: ksearch campaign TASK... --runs-dir {path}")
+            return None
+        data = json.loads(manifest.read_text())
+        campaign = cls(path, data["runs"], data.get("max_tokens"), data.get("max_cost_usd"))
+        if tasks and {t.name for t in tasks} != set(campaign.runs):
+            raise RunDirError(f"{path} is a campaign over {', '.join(sorted(campaign.runs))}; resume it "
+                              f"without tasks (ksearch campaign --runs-dir {path}) or use another --runs-dir")
+        return campaign
+
+    @staticmethod
+    def check_tasks(tasks: list[Task], config: SearchConfig) -> None:
+        """Refuse, before anything is written, a campaign that could not run: a task named twice, a task the
+        offline planner cannot search."""
+        seen: set[str] = set()
+        for task in tasks:
+            if task.name in seen:
+                raise RunDirError(f"task {task.name} is named twice")
+            seen.add(task.name)
+            if config.planner == "offline" and task.spec.template is None:
+                raise RunDirError(f"task {task.name} has no kernel template, so the offline (no-LLM) planner cannot "
+                                  "search it; search it with an LLM: --model M [--base-url URL]")
+
+    @classmethod
+    def create(cls, path: Path, tasks: list[Task], config: SearchConfig) -> "Campaign":
+        """A new campaign with one run directory per task, made whole in a hidden folder beside ``path`` and renamed
+        into place: a campaign that cannot be made (a full disk) leaves nothing behind."""
+        cls.check_tasks(tasks, config)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise RunDirError(f"{path} exists and holds no campaign ({CAMPAIGN_FILE}); use another --runs-dir")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.parent / f".{path.name}.new-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        try:
+            runs: dict[str, str] = {}
+            for task in tasks:
                 per_run = config.model_copy(deep=True)
                 per_run.budget.max_tokens = per_run.budget.max_cost_usd = None  # shared; set while running
-                RunDir.create(path / name, folder, per_run)
-                runs[name] = name
-        campaign = cls(path, runs, config.budget.max_tokens, config.budget.max_cost_usd)
-        campaign.save()
+                RunDir.create(staging / task.name, task.root, per_run)
+                runs[task.name] = task.name
+            campaign = cls(staging, runs, config.budget.max_tokens, config.budget.max_cost_usd)
+            campaign.save()
+            os.rename(staging, path)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        campaign.path = path
         return campaign
 
     def save(self) -> None:
         data = {"format": 1, "runs": self.runs, "max_tokens": self.max_tokens, "max_cost_usd": self.max_cost_usd}
-        tmp = self.path / (CAMPAIGN_FILE + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(self.path / CAMPAIGN_FILE)
+        write_atomically(self.path / CAMPAIGN_FILE, json.dumps(data, indent=2))
 
-    def run(self, evaluator, *, quiet: bool = False, table_every_s: float = 10.0, allow_gpu_change: bool = False) -> int:
-        """Drive every unfinished search at once on ``evaluator``; returns how many failed. A search measured on
-        another GPU model than the pool's stops the campaign before any starts, unless ``allow_gpu_change``."""
-        from .context import make_context
-        from .gpu_record import check_gpu_model
-        from .search import drive, has_started, is_finished
+    def unfinished(self) -> dict[str, RunDir]:
+        from .search import is_finished
 
         todo = {name: RunDir.open(self.path / rel) for name, rel in self.runs.items()}
-        todo = {name: run for name, run in todo.items() if not is_finished(run)}
-        for run in todo.values():  # every search checked before any context is made or anything recorded
+        return {name: run for name, run in todo.items() if not is_finished(run)}
+
+    def check_gpu_models(self, evaluator, *, allow_gpu_change: bool = False) -> None:
+        """A search measured on another GPU model than the pool's stops the campaign before any starts, unless
+        ``allow_gpu_change`` (nothing is recorded here)."""
+        from .gpu_record import check_gpu_model
+
+        for run in self.unfinished().values():
             store = run.store()
             try:
                 check_gpu_model(store, getattr(evaluator, "model", None), run_path=run.path,
                                 allow_change=allow_gpu_change, record=False)
             finally:
                 store.close()
+
+    def run(self, evaluator, *, quiet: bool = False, table_every_s: float = 10.0, allow_gpu_change: bool = False) -> int:
+        """Drive every unfinished search at once on ``evaluator``; returns how many failed. A search measured on
+        another GPU model than the pool's stops the campaign before any starts, unless ``allow_gpu_change``."""
+        from .context import make_context
+        from .search import drive, has_started
+
+        self.check_gpu_models(evaluator, allow_gpu_change=allow_gpu_change)
+        todo = self.unfinished()
         contexts, threads, failures = {}, [], {}
         for name, run in todo.items():
             ctx = make_context(run, evaluator=evaluator, allow_gpu_change=allow_gpu_change)
@@ -147,7 +174,7 @@ class Campaign:
         for name, rel in self.runs.items():
             if name in running:
                 continue
-            store = RunDir.open(self.path / rel).store()
+            store = RunDir.open(self.path / rel, read_only=True).store()
             try:
                 t = store.token_totals()
             finally:
@@ -161,7 +188,7 @@ class Campaign:
 
         rows = []
         for name, rel in self.runs.items():
-            info = summary(RunDir.open(self.path / rel))
+            info = summary(RunDir.open(self.path / rel, read_only=True))
             best = info["best"] or {}
             rows.append({"task": name, "run_dir": rel, "status": info["status"],
                          "iterations": info["iterations_done"], "budget": info["iteration_budget"],

@@ -2,8 +2,10 @@
 report, export) and the exit codes; run, resume and campaign, which drive a search, are cli_search.py's.
 
 Exit codes: 0 finished, 1 unexpected error, 2 bad input (task, run dir, options; a damaged run directory;
-another process writing the run), 74 the run directory could not be written (disk full, read-only; free
-space, then ``ksearch resume``), 75 paused because the LLM endpoint failed (fix it and ``ksearch resume``),
+another process writing the run; a task whose reference or seed fails at preflight), 69 the evaluation
+infrastructure failed (at preflight nothing was written; mid-run nothing was charged: fix it, then ``ksearch
+resume``), 74 the run directory could not be written (disk full, read-only; free space, then ``ksearch resume``),
+75 paused because the LLM endpoint failed (fix it and ``ksearch resume``), 76 waiting for a plan approval,
 130 interrupted (Ctrl-C; ``ksearch resume``). ``--debug`` shows the traceback of an unexpected error.
 """
 
@@ -17,8 +19,10 @@ import sys
 from pathlib import Path
 
 from .cli_options import checked, model_option
-from .cli_search import cmd_campaign, cmd_resume, cmd_run
+from .cli_search import EXIT_INFRASTRUCTURE, cmd_campaign, cmd_resume, cmd_run
 from .config import Budget, SearchConfig
+from .integrity import StorageUnavailable
+from .preflight import PreflightFailed
 from .run_dir import RunDir, RunDirError
 from .run_lock import RunLocked
 from .task import TaskError
@@ -71,10 +75,30 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
 def _add_pool_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("evaluation pool (where candidates are evaluated; not saved with the run)")
     g.add_argument("--gpus", help="local pool: the GPU indices to use, e.g. 0,1,3 (default: every visible GPU)")
-    g.add_argument("--cpu-slots", type=int, help="without a GPU: evaluations at once (default: half the cores)")
+    g.add_argument("--cpu-slots", type=_positive_int, metavar="N",
+                   help="without a GPU: evaluations at once (default: half the cores)")
     g.add_argument("--ray", action="store_true", help="evaluate on Ray (a local Ray unless --ray-address is given)")
     g.add_argument("--ray-address", help="evaluate on this Ray cluster: auto | ray://HOST:PORT (implies --ray)")
     g.add_argument("--gpu-model", help="Ray: run on GPUs of this accelerator type only (needed on a mixed cluster)")
+
+
+SANDBOX_HELP = ("where candidates run: bwrap, a bubblewrap sandbox (default), or none, as you, able to read your "
+                "files and credentials (only on a host without bubblewrap); kept with the run")
+
+
+def _add_sandbox_option(p: argparse.ArgumentParser, *, kept: str = "") -> None:
+    """--sandbox, saved in the run's config (config.py); ``kept``: what a command that continues runs does without it."""
+    p.add_argument("--sandbox", choices=["bwrap", "none"], help=SANDBOX_HELP + kept)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
+    return value
 
 
 def _add_gpu_change_option(p: argparse.ArgumentParser) -> None:
@@ -84,16 +108,18 @@ def _add_gpu_change_option(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_history(args) -> int:
+    from .integrity import open_for_reading
     from .search import dumps, history
 
-    rows = history(RunDir.open(args.run_dir))
+    rows = history(open_for_reading(args.run_dir))
     if args.json:
         print(dumps(rows))
         return 0
     print(f"{'checkpoint':<38} {'step':>4}  {'node':<20} {'iter':>4}  {'best':>9}  next")
     for r in rows:
         best = f"{r['best_score']:.4g}" if r["best_score"] is not None else "-"
-        print(f"{r['checkpoint']:<38} {r['step']:>4}  {r['node']:<20} {r['iteration']:>4}  {best:>9}  {','.join(r['next'])}")
+        step = "-" if r["step"] is None else r["step"]  # a rolling merge is no step of the main graph
+        print(f"{r['checkpoint']:<38} {step:>4}  {r['node']:<20} {r['iteration']:>4}  {best:>9}  {','.join(r['next'])}")
     return 0
 
 
@@ -137,11 +163,12 @@ def cmd_recover(args) -> int:
 
 
 def cmd_show(args) -> int:
+    from .integrity import open_for_reading
     from .search import dumps, iter_tree_lines, state_at, summary
     from .speed_of_light import sol_summary
     from .world_model import WorldModel
 
-    run = RunDir.open(args.run_dir)
+    run = open_for_reading(args.run_dir)
     if args.attempt:
         from .attempt_view import attempt_info, render_attempt
 
@@ -228,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     _add_search_options(p)
     _add_pool_options(p)
+    _add_sandbox_option(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("campaign", help="one search per task, side by side on one pool, with one token/cost budget "
@@ -237,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live table")
     _add_search_options(p)
     _add_pool_options(p)
+    _add_sandbox_option(p, kept="; run again without it, a campaign keeps its searches' setting")
     _add_gpu_change_option(p)
     p.set_defaults(func=cmd_campaign)
 
@@ -251,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answer", help="answer a pending plan approval: approve | stop | 'pick ID' | 'edit JSON'")
     p.add_argument("--quiet", action="store_true")
     _add_pool_options(p)
+    _add_sandbox_option(p, kept="; without it, the run keeps the setting it began with")
     _add_gpu_change_option(p)
     p.set_defaults(func=cmd_resume)
 
@@ -264,8 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     at = p.add_mutually_exclusive_group(required=True)
     at.add_argument("--at", help="checkpoint id (see ksearch history)")
     at.add_argument("--at-attempt", metavar="ATTEMPT",
-                    help="attempt id (e.g. c3.4, or c3.4.1 with --samples; see ksearch report): its cycle ends "
-                         "there, with that attempt's code, and the world model as it was then gets the update")
+                    help="attempt id (e.g. c3.4, or c3.4.1 with --samples; see ksearch report): the new run's "
+                         "cycle goes on right after that attempt, improving on its code, with the world model as it "
+                         "was when that cycle started (what the cycle did after it is not part of the new run)")
     p.add_argument("--world-model", help="JSON file with an edited world model (from ksearch show --world-model)")
     p.add_argument("--into", required=True, help="the new run directory")
     p.set_defaults(func=cmd_branch)
@@ -323,11 +354,18 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"ksearch: {e}", file=sys.stderr)
         return 2
+    except PreflightFailed as e:
+        if debug:
+            raise
+        print(f"ksearch: preflight: {e}" + ("" if getattr(args, "command", "") == "resume" else
+                                            "\nNothing was written and nothing spent."), file=sys.stderr)
+        return 2 if e.task else EXIT_INFRASTRUCTURE
     except Exception as e:
         if debug:
             raise
         if isinstance(e, (OSError, sqlite3.DatabaseError)) and not isinstance(e, sqlite3.ProgrammingError):
-            return _storage_error(e, getattr(args, "run_dir", None))
+            written = getattr(args, "into", None) or getattr(args, "run_dir", None) or getattr(args, "runs_dir", None)
+            return _storage_error(e, written, args.command)
         print(f"ksearch: unexpected error: {type(e).__name__}: {e}\n(run again with --debug for the traceback)",
               file=sys.stderr)
         return 1
@@ -337,27 +375,32 @@ _DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-def _storage_error(e: OSError | sqlite3.Error, run_dir: str | Path | None) -> int:
+def _storage_error(e: OSError | sqlite3.Error, run_dir: str | Path | None, command: str = "resume") -> int:
     """A file problem, worded for the user: disk full or read-only (exit 74), a damaged database (2)."""
     text = str(e).lower()
     where = f" {run_dir}" if run_dir else ""
-    resume = f"Nothing recorded so far is lost; then: ksearch resume{where}"
+    again = f"ksearch resume{where}" if command in ("run", "resume") else f"`ksearch {command}{where}` again"
+    kept = "Nothing recorded so far is lost"
+    if command in ("run", "branch", "campaign") and run_dir and not any(
+            (Path(run_dir) / name).exists() for name in ("run.json", "campaign.json")):
+        again, kept = f"the same `ksearch {command}` again", "Nothing was left behind"  # made whole or not at all
     if getattr(e, "errno", None) in _DISK_FULL or "disk is full" in text or "disk i/o error" in text:
         print(f"ksearch: could not write to{where or ' the run directory'}: the disk is full or a file size limit "
-              f"was reached ({e}). {resume} once there is space again.", file=sys.stderr)
+              f"was reached ({e}). {kept}; once there is space again: {again}", file=sys.stderr)
         return EXIT_STORAGE
     if getattr(e, "errno", None) in _READ_ONLY or "readonly" in text or "read-only" in text:
-        print(f"ksearch: could not write to{where or ' the run directory'}: it is read-only ({e}). {resume} "
-              "from a writable place (copy the run directory if need be).", file=sys.stderr)
+        print(f"ksearch: could not write to{where or ' the run directory'}: it is read-only ({e}). {kept}; from a "
+              f"writable place (copy the run directory if need be): {again}", file=sys.stderr)
         return EXIT_STORAGE
     if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.ProgrammingError):
-        print(f"ksearch: a database of{where or ' the run'} is damaged ({e}). `ksearch recover{where}` rebuilds "
-              "the run from store.sqlite (see docs/run-dirs.md).", file=sys.stderr)
+        print(f"ksearch: a database of{where or ' the run'} could not be read ({e}). `ksearch recover{where}` "
+              "checks both and says what can be done (see docs/run-dirs.md).", file=sys.stderr)
         return 2
     if isinstance(e, FileNotFoundError):
         print(f"ksearch: {e.filename or e}: no such file or directory", file=sys.stderr)
         return 2
-    print(f"ksearch: {type(e).__name__}: {e}", file=sys.stderr)
+    print(f"ksearch: {e}" if isinstance(e, StorageUnavailable) else f"ksearch: {type(e).__name__}: {e}",
+          file=sys.stderr)
     return EXIT_STORAGE
 
 

@@ -1,8 +1,8 @@
 """The ``ksearch`` commands that drive a search: run, resume and campaign (the parser is cli.py's).
 
 They pick the search's settings from the options, make the evaluation pool, drive the graph with live progress
-and answer its plan approvals. Exit codes 75 (paused: the LLM endpoint failed) and 76 (waiting for an answer) are
-set here; cli.py's docstring lists them all.
+and answer its plan approvals. Exit codes 69 (the evaluation infrastructure failed), 75 (paused: the LLM endpoint
+failed) and 76 (waiting for an answer) are set here; cli.py's docstring lists them all.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from .config import Budget, SearchConfig
 from .run_dir import RunDir, RunDirError
 from .task import TaskError, load_task
 
+EXIT_INFRASTRUCTURE = 69  # the evaluation infrastructure failed (preflight, or down mid-run): fix it, then resume
 EXIT_PAUSED = 75
 EXIT_WAITING = 76  # --approve-plans: the run waits for a person's answer (`ksearch resume DIR --answer ...`)
 OFFLINE_NOTICE = (
@@ -36,14 +37,60 @@ def _pool_options(args):
                        gpu_model=args.gpu_model)
 
 
-def _make_evaluator(run: RunDir, options):
+def _make_evaluator(options, config: SearchConfig, task):
+    """The evaluation pool a search will use, made before anything is written (a bad option, a Ray cluster that
+    cannot be joined, or a host that cannot make the candidates' sandbox stops the command with nothing left
+    behind)."""
+    from .harness.client import SandboxUnavailable
     from .harness.make_pool import make_pool
     from .harness.pool import PoolError
+    from .preflight import sandbox_failure
 
     try:
-        return make_pool(options, run.config, run.task())
+        return make_pool(options, config, task)
     except PoolError as e:
         raise RunDirError(str(e)) from None
+    except SandboxUnavailable as e:
+        raise sandbox_failure(str(e)) from None
+
+
+def _warn_unsandboxed(config: SearchConfig) -> None:
+    if config.sandbox == "none":
+        print("warning: --sandbox none: candidates' code runs without a sandbox, as you, and can read your files "
+              "and credentials; every result records it (isolation)", file=sys.stderr, flush=True)
+
+
+def _preflight(evaluator, task, *, check_task: bool = True, quiet: bool = False):
+    """preflight.py's checks of the pool (and the task) before anything is spent; PreflightFailed stops."""
+    from .preflight import preflight
+
+    if not quiet:
+        print(f"preflight: checking the evaluation pool{' and task ' + task.name if check_task else ''} ...",
+              flush=True)
+    checked = preflight(evaluator, task, check_task=check_task)
+    if not quiet:
+        print(checked.summary(), flush=True)
+    return checked
+
+
+def _record_preflight(run: RunDir, checked) -> None:
+    """The preflight's findings into the run's record; its measurement of the seed is the run's (init_world_model
+    finds it recorded and does not measure the seed again)."""
+    from .world_model import ROOT
+
+    store = run.store()
+    try:
+        store.log_event("preflight", slots=checked.slots, evaluated=checked.evaluated, seconds=checked.seconds)
+        if checked.seed is not None and store.get_attempt("seed") is None:
+            source = store.put_source(checked.files)
+            row = store.record_attempt(attempt_id="seed", cycle_id="seed", node_id=ROOT, prompt_kind="seed",
+                                       base_attempt_id=None, parent_attempt_id=None, source_hash=source,
+                                       result=checked.seed, eval_s=checked.seed.wall_s)
+            store.log_event("attempt", attempt_id="seed", cycle_id="seed", node_id=ROOT, iteration=0,
+                            prompt_kind="seed", status=row["status"], score=row["score"],
+                            latency_us=row["latency_us"], log="", best_score=row["score"], tokens=0)
+    finally:
+        store.close()
 
 
 def _config_from_args(args) -> SearchConfig:
@@ -80,6 +127,7 @@ def _config_from_args(args) -> SearchConfig:
         planner="llm" if use_llm else "offline",
         seed=args.seed,
         approve_plans=args.approve_plans,
+        sandbox=args.sandbox or "bwrap",
         **settings,
     )
 
@@ -210,6 +258,7 @@ def _show_question(q: dict) -> None:
 def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, evaluator=None,
                   allow_gpu_change: bool = False) -> int:
     from .context import make_context
+    from .infrastructure import InfrastructureDown
     from .llm import EndpointUnavailable, LLMConfigError
     from .nodes.world_model_update import PlannerFailed
     from .progress import ProgressPrinter, show_llm_heartbeats
@@ -251,6 +300,12 @@ def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None 
         ctx.store.set_meta("status", "paused")
         print(f"\nksearch: run paused: {e}\nResume with: ksearch resume {run.path}", file=sys.stderr)
         return EXIT_PAUSED
+    except InfrastructureDown as e:
+        ctx.store.set_meta("status", "paused")
+        ctx.store.log_event("infrastructure_down", attempt_id=e.attempt_id, reasons=e.reasons)
+        print(f"\nksearch: run stopped: {e}.\nFix the evaluation pool (see the reasons above), then: "
+              f"ksearch resume {run.path} (the candidate is evaluated again, its code reused)", file=sys.stderr)
+        return EXIT_INFRASTRUCTURE
     best = final.get("best")
     print(f"\ndone in {time.monotonic() - started:.1f}s: {final.get('stop_reason')}")
     if best:
@@ -298,7 +353,11 @@ def _task_folder(task_arg: str, definition: str | None):
 
 
 def cmd_run(args) -> int:
+    from .run_dir import RUN_FILE
+
     config = _config_from_args(args)
+    options = _pool_options(args)
+    _warn_unsandboxed(config)
     if config.planner == "offline" and (os.environ.get(args.api_key_env) and not args.offline):
         print(f"note: {args.api_key_env} is set but no --model was given; using the offline planner")
     with _task_folder(args.task, args.definition) as task_folder:
@@ -306,11 +365,22 @@ def cmd_run(args) -> int:
         if config.planner == "offline" and task.spec.template is None:
             raise TaskError(f"task {task.name} has no kernel template, so the offline (no-LLM) planner cannot "
                             "search it; search it with an LLM: --model M [--base-url URL], or --llm local")
-        run_dir = args.run_dir or Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        args.run_dir = run_dir  # for an error message about it
-        run = RunDir.create(run_dir, task_folder, config, writer=True)
+        run_dir = Path(args.run_dir or Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        if (run_dir / RUN_FILE).exists():
+            raise RunDirError(f"{run_dir} already holds a run; use `ksearch resume {run_dir}` or another --run-dir")
+        # Everything is checked before anything is written: the options, the pool, the task on the pool.
+        evaluator = _make_evaluator(options, config, task)
+        try:
+            checked = _preflight(evaluator, task, quiet=args.quiet)
+            args.run_dir = run_dir  # for an error message about it
+            run = RunDir.create(run_dir, task_folder, config, writer=True)
+        except BaseException:
+            getattr(evaluator, "close", lambda: None)()
+            raise
+    _record_preflight(run, checked)
+    getattr(evaluator, "start_ahead", lambda task: None)(run.task())
     print(f"run directory: {run.path}")
-    return _drive(run, fresh=True, quiet=args.quiet, evaluator=_make_evaluator(run, _pool_options(args)))
+    return _drive(run, fresh=True, quiet=args.quiet, evaluator=evaluator)
 
 
 def cmd_resume(args) -> int:
@@ -324,12 +394,22 @@ def cmd_resume(args) -> int:
     if answer is not None and pending_question(run) is None:
         raise RunDirError(f"{run.path} is not waiting for an answer")
     moved = _move_endpoint(run, args.base_url, args.model)
+    resandboxed = args.sandbox is not None and args.sandbox != run.config.sandbox
+    run.config.sandbox = args.sandbox or run.config.sandbox  # saved below, once every check has passed
+    _warn_unsandboxed(run.config)
     target = _iteration_target(run, args.iterations, args.more)
-    evaluator = None
-    if target is not None or not is_finished(run):
+    evaluator = checked = None
+    if not is_finished(run) or (target is not None and target > _iterations_done(run)):
         evaluator = _checked_pool(run, args)  # a pool of another GPU model stops here, before anything is written
-    if moved:
+        try:  # the pool (and a task whose seed is not measured yet) checked before anything is spent
+            checked = _preflight(evaluator, run.task(), check_task=not _seed_measured(run), quiet=args.quiet)
+        except BaseException:
+            getattr(evaluator, "close", lambda: None)()
+            raise
+    if moved or resandboxed:
         run.save()
+    if checked is not None:
+        _record_preflight(run, checked)
     if target is not None:
         if extend(run, target):
             print(f"budget raised to {target} iterations; the finished run continues")
@@ -340,6 +420,25 @@ def cmd_resume(args) -> int:
         return 0
     return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer, evaluator=evaluator,
                   allow_gpu_change=args.allow_gpu_change)
+
+
+def _iterations_done(run: RunDir) -> int:
+    store = run.store()
+    try:
+        return store.count_attempts()
+    finally:
+        store.close()
+
+
+def _seed_measured(run: RunDir) -> bool:
+    """Whether the run has measured its task's seed (or has none to measure)."""
+    if run.task().seed_source is None:
+        return True
+    store = run.store()
+    try:
+        return store.get_attempt("seed") is not None
+    finally:
+        store.close()
 
 
 def _mark_finished(run: RunDir) -> None:
@@ -359,7 +458,7 @@ def _checked_pool(run: RunDir, args):
     is recorded when the search runs (make_context), not by a resume that finds nothing to do."""
     from .gpu_record import check_gpu_model
 
-    evaluator = _make_evaluator(run, _pool_options(args))
+    evaluator = _make_evaluator(_pool_options(args), run.config, run.task())
     store = run.store()
     try:
         check_gpu_model(store, getattr(evaluator, "model", None), run_path=run.path,
@@ -403,16 +502,53 @@ def _iteration_target(run: RunDir, total: int | None, more: int | None) -> int |
 
 
 def cmd_campaign(args) -> int:
+    """Everything is checked before anything is written: the tasks, the pool, each task on the pool (preflight);
+    then the campaign is made (whole or not at all) and its searches run side by side."""
+    from contextlib import ExitStack
+
     from .campaign import Campaign
 
     config = _config_from_args(args)
-
-    def task_folder(task: str):
-        return _task_folder(task, None)
-
-    campaign = Campaign.create_or_open(Path(args.runs_dir), args.tasks, config, task_folder)
-    first = RunDir.open(Path(args.runs_dir) / next(iter(campaign.runs.values())))
-    evaluator = _make_evaluator(first, _pool_options(args))  # one pool for every search of the campaign
+    options = _pool_options(args)
+    runs_dir = Path(args.runs_dir)
+    with ExitStack() as folders:
+        tasks = [load_task(folders.enter_context(_task_folder(t, None))) for t in args.tasks]
+        campaign = Campaign.open(runs_dir, tasks)
+        if campaign is None:
+            Campaign.check_tasks(tasks, config)
+            todo = {task.name: (None, task) for task in tasks}
+        else:
+            todo = {name: (run, run.task()) for name, run in campaign.unfinished().items()}
+        if not todo:  # a campaign whose searches are all finished: nothing to check or run
+            print(campaign.table())
+            print(f"report: {campaign.write_report()}")
+            return 0
+        first = next(iter(todo.values()))
+        run_config = first[0].config if first[0] is not None else config
+        if args.sandbox is not None:  # a campaign run again keeps its searches' sandbox unless told otherwise
+            run_config = run_config.model_copy(update={"sandbox": args.sandbox})
+        _warn_unsandboxed(run_config)
+        evaluator = _make_evaluator(options, run_config, first[1])  # one pool for every search of the campaign
+        try:
+            if campaign is not None:
+                campaign.check_gpu_models(evaluator, allow_gpu_change=args.allow_gpu_change)
+            checked = {}
+            for i, (name, (run, task)) in enumerate(todo.items()):
+                measure = run is None or not _seed_measured(run)
+                if i == 0 or measure:  # the pool once, each task whose seed is not measured yet
+                    checked[name] = _preflight(evaluator, task, check_task=measure, quiet=args.quiet) if i == 0 \
+                        else _preflight_task(evaluator, task, quiet=args.quiet)
+            if campaign is None:
+                campaign = Campaign.create(runs_dir, tasks, config)
+        except BaseException:
+            getattr(evaluator, "close", lambda: None)()
+            raise
+    for name, found in checked.items():
+        _record_preflight(RunDir.open(campaign.path / campaign.runs[name]), found)
+    for run, _ in todo.values():  # an existing campaign's searches told to change their sandbox
+        if run is not None and run.config.sandbox != run_config.sandbox:
+            run.config.sandbox = run_config.sandbox
+            run.save()
     print(f"campaign {args.runs_dir}: {', '.join(campaign.runs)}")
     try:
         failed = campaign.run(evaluator, quiet=args.quiet, allow_gpu_change=args.allow_gpu_change)
@@ -421,3 +557,14 @@ def cmd_campaign(args) -> int:
     print(campaign.table())
     print(f"report: {campaign.write_report()}")
     return EXIT_PAUSED if failed else 0
+
+
+def _preflight_task(evaluator, task, *, quiet: bool):
+    """The task's part of preflight alone (the pool was probed already)."""
+    from .preflight import Preflight, check_task_on
+
+    files, result, evaluated = check_task_on(evaluator, task)
+    if not quiet:
+        print(f"preflight: task {task.name}: " + ("its seed passes" if evaluated == "seed" else
+                                                  "its reference runs" if evaluated else "not evaluated"), flush=True)
+    return Preflight(files=files, result=result, evaluated=evaluated)

@@ -30,7 +30,7 @@ from .run_dir import RUN_FILE, RunDir
 
 
 def _result(run_dir: str | Path, values: dict) -> dict[str, Any]:
-    run = RunDir.open(run_dir)
+    run = RunDir.open(run_dir, read_only=True)
     best = values.get("best")
     store = run.store()
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .agents import Coder, Planner
+from .budget import BudgetGate
 from .config import SearchConfig
 from .evaluation import Evaluator
 from .run_dir import RUN_FILE, RunDir
@@ -33,6 +34,7 @@ class SearchContext:
     coder: Coder
     run_dir: Path
     gpu_note: str | None = None  # an allowed change of GPU model (gpu_record.py), for the caller to show
+    budget: BudgetGate = field(init=False)  # the hard budgets, checked from the store (budget.py)
     _speed_of_light: Any = field(default=None, repr=False)
 
     def speed_of_light(self):
@@ -46,26 +48,8 @@ class SearchContext:
                                                 lambda: run_work(self.store, self.task, save=True))
         return self._speed_of_light
 
-    def budget_stop_reason(self, iterations_done: int) -> str | None:
-        """Why the search must stop now, or None. Token, cost and time caps are global to the run."""
-        budget = self.config.budget
-        if iterations_done >= budget.iterations:
-            return f"iteration budget spent ({iterations_done}/{budget.iterations})"
-        return self.cap_stop_reason()
-
-    def cap_stop_reason(self) -> str | None:
-        budget = self.config.budget
-        if budget.max_tokens is not None or budget.max_cost_usd is not None:
-            totals = self.store.token_totals()
-            if budget.max_tokens is not None and totals["total_tokens"] >= budget.max_tokens:
-                return f"token budget spent ({totals['total_tokens']}/{budget.max_tokens})"
-            if budget.max_cost_usd is not None and totals["cost_usd"] >= budget.max_cost_usd:
-                return f"cost budget spent (${totals['cost_usd']:.2f}/${budget.max_cost_usd:.2f})"
-        if budget.max_wall_s is not None:
-            spent = self.store.active_seconds()
-            if spent >= budget.max_wall_s:
-                return f"time budget spent ({spent:.0f}s/{budget.max_wall_s:.0f}s)"
-        return None
+    def __post_init__(self):
+        self.budget = BudgetGate(self.config, self.store)
 
 
 def make_agents(config: SearchConfig) -> tuple[Planner, Coder]:

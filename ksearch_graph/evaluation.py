@@ -2,7 +2,9 @@
 
 The graph never runs candidate code itself. It hands a candidate (its files) to an ``Evaluator``
 and gets an ``EvalResult`` back; failures (a compile error, a crash, a hang, a wrong answer) are
-results, never exceptions. ``harness.client.SubprocessEvaluator`` is the evaluator that runs candidates; the
+results, never exceptions. A failure the candidate did not cause (the pool, a Ray worker, the judge's own process,
+the task's reference, the disk) is ``infrastructure_error``, with ``infrastructure`` saying what failed
+(``harness/failures.py``): the search never records it as the candidate's attempt (``infrastructure.py``). ``harness.client.SubprocessEvaluator`` is the evaluator that runs candidates; the
 harness (``ksearch_graph/harness/``) is its two processes.
 """
 
@@ -27,6 +29,9 @@ class Status(StrEnum):
     incorrect_numerical = "incorrect_numerical"
     suspicious = "suspicious"
     unavailable = "unavailable"  # e.g. a CUDA candidate on a machine without a GPU
+    # Not the candidate's: the evaluation could not judge it (``infrastructure`` says why). Never recorded as an
+    # attempt, never shown to the LLM, never counted against the action (docs/scale-out.md, "Infrastructure").
+    infrastructure_error = "infrastructure_error"
 
 
 class WorkloadResult(BaseModel):
@@ -66,6 +71,9 @@ class EvalResult(BaseModel):
     flags: list[str] = []
     # What the LLM is shown: the error itself, not pages of traceback.
     log_excerpt: str = ""
+    # With status infrastructure_error: what failed outside the candidate, in one line (e.g. "the Ray worker was
+    # lost twice"); the details are in log_excerpt.
+    infrastructure: str = ""
     # False on CPU (Triton interpreter): the numbers order candidates but mean nothing for a GPU.
     timing_representative: bool = False
     environment: dict[str, Any] = {}
@@ -76,6 +84,10 @@ class EvalResult(BaseModel):
     @property
     def passed(self) -> bool:
         return self.status == Status.passed
+
+    @property
+    def infrastructure_failed(self) -> bool:
+        return self.status == Status.infrastructure_error
 
     def summary(self) -> dict[str, Any]:
         """The few numbers the world model keeps for an attached attempt."""

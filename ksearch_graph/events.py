@@ -50,6 +50,16 @@ class AttemptEvent(Event):
 
 
 @dataclass(frozen=True)
+class InfrastructureEvent(Event):
+    kind: ClassVar[str] = "infrastructure"  # an evaluation failed outside the candidate: not its attempt, retried
+    attempt_id: str
+    reason: str  # what failed (EvalResult.infrastructure)
+    slot: str | None  # the pool slot or Ray node it ran on, where known
+    try_number: int  # 1 for the first evaluation of this attempt
+    tries: int  # how many it gets before the control decides (infrastructure.py)
+
+
+@dataclass(frozen=True)
 class CycleStartedEvent(Event):
     kind: ClassVar[str] = "cycle_started"
     cycle_id: str

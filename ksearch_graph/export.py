@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .evaluation import EvalResult
 from .harness.client import write_files
-from .run_dir import RunDir
+from .integrity import open_for_reading
 from .search import state_at
 from .speed_of_light import Fractions, row_fractions, run_work
 from .task import Task
@@ -47,7 +47,7 @@ def export_best(run_dir: str | Path, out_dir: str | Path, *, top: int = 1, forma
         raise ValueError(f"format must be one of {FORMATS}, not {format!r}")
     if format == "flashinfer-trace":
         return export_flashinfer(run_dir, out_dir, top=top)["best"]
-    run = RunDir.open(run_dir)
+    run = open_for_reading(run_dir)
     best = state_at(run).get("best")
     if not best:
         return []
@@ -79,7 +79,7 @@ def export_flashinfer(run_dir: str | Path, out_dir: str | Path, *, top: int = 1)
     from .flashinfer_trace_export import export_flashinfer_trace
 
     written = export_flashinfer_trace(run_dir, out_dir, top=top)
-    store = RunDir.open(run_dir).store()
+    store = open_for_reading(run_dir).store()
     try:
         write_exchanges(store, Path(out_dir) / EXCHANGES_FILE)
     finally:

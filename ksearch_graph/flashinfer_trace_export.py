@@ -197,10 +197,10 @@ def export_flashinfer_trace(run_dir: str | Path, out_dir: str | Path, *, top: in
     definition, for a task that came from FlashInfer-Trace. Returns {"best": [...], "solutions": [...],
     "traces": [...], "definitions": [...]} (paths written).
     """
-    from .run_dir import RunDir
+    from .integrity import open_for_reading
     from .search import state_at
 
-    run = RunDir.open(run_dir)
+    run = open_for_reading(run_dir)
     task = run.task()
     best = state_at(run).get("best")
     store = run.store()

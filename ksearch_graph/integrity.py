@@ -1,4 +1,6 @@
-"""Is a run directory safe to continue? Checked every time a run is opened for writing.
+"""Is a run directory safe to continue, or to read? Checked every time a run is opened for writing
+(``check_for_writing``) and by the readers (``open_for_reading``: show, history, report, export, a branch's source),
+which find and say the same without creating or changing any file (sqlite_snapshot.py).
 
 Both databases must pass ``PRAGMA quick_check``, and the two must tell the same story:
 - the checkpoints must know every cycle the store has attempts or generations for; a checkpoint file that is
@@ -7,11 +9,19 @@ Both databases must pass ``PRAGMA quick_check``, and the two must tell the same 
   of every attempt a checkpoint names, the cycles in flight included).
 A missing, empty or damaged store.sqlite cannot be rebuilt (it alone holds the attempts' code): the run stops.
 The store may be ahead of the checkpoints by the step in flight at a kill: nodes re-run against it idempotently.
+
+A file that cannot be opened for writing (SQLite's "disk I/O error" on a full disk, a read-only folder) is not
+damaged: it is checked again read-only, from its bytes; when that finds it sound, the command stops as for a full
+disk or a read-only directory (``StorageUnavailable``, exit code 74) and never suggests ``--start-over``, which only
+a check that proves damage does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import re
 import sqlite3
 import struct
@@ -19,12 +29,21 @@ import time
 from pathlib import Path
 
 from .run_dir import RunDir, RunDirError
+from .run_lock import writer_active
+from .sqlite_snapshot import open_read_only, snapshot
 
 _CYCLE_NUMBER = re.compile(r"(?:^|:)c(\d+)[a-z]?(?:[.:]|$)")
 
 
 class DamagedRun(RunDirError):
     """The run directory cannot be continued as it is; the message says what was found and what to do."""
+
+
+class StorageUnavailable(OSError):
+    """A sound database that cannot be opened for writing: a full disk, a file-size limit, a read-only folder."""
+
+
+_IO_WORDS = ("disk i/o error", "unable to open database file", "readonly", "read-only", "disk is full")
 
 
 def quick_check(path: Path, *, writer: bool = False) -> str | None:
@@ -38,10 +57,28 @@ def quick_check(path: Path, *, writer: bool = False) -> str | None:
         drop_stale_index(path)
     problem = _quick_check(path)
     index = path.with_name(path.name + "-shm")
-    if problem and writer and "disk i/o error" in problem.lower() and index.exists():
+    if problem and writer and "disk i/o error" in problem.lower() and index.exists() \
+            and write_probe(path.parent) is None:  # on a full disk the error is the disk's: the index stays
         index.unlink()
         problem = _quick_check(path)
     return problem
+
+
+def write_probe(folder: Path) -> OSError | None:
+    """Write (and remove) a small file in ``folder``: None when that works, else the error (a full disk, a
+    read-only folder)."""
+    probe = folder / f".ksearch-write-check-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(bytes(1 << 16))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return e
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None
 
 
 def drop_stale_index(path: Path) -> None:
@@ -75,6 +112,61 @@ def _quick_check(path: Path) -> str | None:
     return None if rows == ["ok"] else "; ".join(rows[:3])
 
 
+def snapshot_problem(path: Path) -> str | None:
+    """``quick_check`` of the file's own bytes (and its WAL's committed frames), read into memory: nothing is
+    opened for writing, so only damage shows."""
+    try:
+        db = snapshot(path)
+    except sqlite3.DatabaseError as e:
+        return str(e)
+    except OSError as e:
+        return f"unreadable: {e}"
+    try:
+        rows = [r[0] for r in db.execute("pragma quick_check").fetchall()]
+    except sqlite3.DatabaseError as e:
+        return str(e)
+    finally:
+        db.close()
+    return None if rows == ["ok"] else "; ".join(rows[:3])
+
+
+def database_problem(path: Path, *, reader: bool, live: bool = False) -> str | None:
+    """What is wrong with a SQLite file of the run (None when sound). A writer whose check fails for want of disk
+    or write access gets StorageUnavailable when the file's bytes are sound. A reader checks the bytes, or, while
+    the run's writer is at work (``live``), reads through the writer's index (sqlite_snapshot.py)."""
+    if reader and live:
+        try:
+            db = open_read_only(path, live=True)
+            rows = [r[0] for r in db.execute("pragma quick_check").fetchall()]
+            db.close()
+            return None if rows == ["ok"] else "; ".join(rows[:3])
+        except sqlite3.DatabaseError as e:
+            return str(e)
+    if reader:
+        return snapshot_problem(path)
+    siblings = [path.with_name(path.name + tail) for tail in ("-wal", "-shm")]
+    existed = [p.exists() for p in siblings]
+    problem = quick_check(path, writer=True)
+    if problem and any(w in problem.lower() for w in _IO_WORDS) and snapshot_problem(path) is None:
+        for sibling, was in zip(siblings, existed):  # what the failed open left: empty files it could not fill
+            with contextlib.suppress(OSError):
+                if not was and sibling.stat().st_size == 0:
+                    sibling.unlink()
+        raise storage_unavailable(path, problem)
+    return problem
+
+
+def storage_unavailable(path: Path, problem: str) -> StorageUnavailable:
+    """Why ``path`` cannot be written, found by writing a small file beside it (then removed)."""
+    e = write_probe(path.parent)
+    if e is not None:
+        return StorageUnavailable(e.errno, f"{path.name} cannot be opened for writing ({problem}; writing beside it: "
+                                           f"{e.strerror}); its content is sound")
+    return StorageUnavailable(errno.EIO, f"{path.name} cannot be opened for writing ({problem}), though its content "
+                                         "is sound and the folder takes a new file; nothing was changed. Check the "
+                                         "disk (dmesg), then try again")
+
+
 def checkpoint_values(run: RunDir) -> dict | None:
     """The main graph's latest state in checkpoints.sqlite, or None when there is none (or no file)."""
     path = run.path / "checkpoints.sqlite"
@@ -94,22 +186,23 @@ def store_cycle_numbers(db: sqlite3.Connection) -> set[int]:
     return {int(m.group(1)) for k in keys if k and (m := _CYCLE_NUMBER.search(k))}
 
 
-def store_problem(path: Path) -> str | None:
+def store_problem(path: Path, *, reader: bool = False, live: bool = False) -> str | None:
     """What is wrong with store.sqlite ("is missing", "is empty", "is damaged (...)"), or None when it is sound.
     A missing or empty store is never opened: SQLite would discard or misread the WAL files left beside it."""
     if not path.exists():
         return "is missing"
     if path.stat().st_size == 0:
         return "is empty"
-    problem = quick_check(path, writer=True)
+    problem = database_problem(path, reader=reader, live=live)
     return f"is damaged ({problem})" if problem else None
 
 
-def store_lost(run_path: Path, problem: str) -> DamagedRun:
-    return DamagedRun(f"{run_path / 'store.sqlite'} {problem}. It is the only full record of the attempts and their "
-                      "code, so nothing can be rebuilt without it: restore it from a copy of the run directory, or "
-                      f"`ksearch recover {run_path} --start-over` keeps the settings and the task, moves the damaged "
-                      "files aside and starts the search again (the attempts recorded so far are lost)")
+def store_lost(run_path: Path, problem: str, *, also: str = "") -> DamagedRun:
+    also = f" {also}" if also else ""
+    return DamagedRun(f"{run_path / 'store.sqlite'} {problem}.{also} It is the only full record of the attempts and "
+                      "their code, so nothing can be rebuilt without it: restore it from a copy of the run "
+                      f"directory, or `ksearch recover {run_path} --start-over` keeps the settings and the task, moves "
+                      "the damaged files aside and starts the search again (the attempts recorded so far are lost)")
 
 
 def set_aside(run_path: Path, names: list[str], aside: Path | None = None) -> list[str]:
@@ -126,31 +219,52 @@ def set_aside(run_path: Path, names: list[str], aside: Path | None = None) -> li
 
 
 def check_for_writing(run: RunDir) -> None:
-    """Raise DamagedRun unless the run can be continued as it is."""
+    """Raise DamagedRun unless the run can be continued as it is (StorageUnavailable when it cannot be written)."""
+    _check(run, reader=False)
+
+
+def open_for_reading(path: str | Path) -> RunDir:
+    """The run as a reader sees it (nothing in it created or changed), checked as a writer would check it: a damaged,
+    missing, emptied or outdated database stops the reader with what was found and what to do (DamagedRun)."""
+    run = RunDir.open(path, read_only=True)
+    _check(run, reader=True)
+    return run
+
+
+def _check(run: RunDir, *, reader: bool) -> None:
     recover = f"`ksearch recover {run.path}` rebuilds the checkpoints from store.sqlite (every evaluated " \
               "attempt, the last world model, budgets and tokens) and keeps the damaged file aside"
     store_path, checkpoint_path = run.path / "store.sqlite", run.path / "checkpoints.sqlite"
-    if checkpoint_path.exists():
-        problem = quick_check(checkpoint_path, writer=True)
-        if problem:
-            raise DamagedRun(f"{checkpoint_path} is damaged ({problem}); {recover}")
+    live = reader and writer_active(run.path)
+    checkpoints_damaged = None
+    if checkpoint_path.exists() and checkpoint_path.stat().st_size:
+        checkpoints_damaged = database_problem(checkpoint_path, reader=reader, live=live)
+    if checkpoints_damaged:
+        lost = store_problem(store_path, reader=reader, live=live)
+        if lost:  # both: nothing to rebuild from
+            raise store_lost(run.path, lost, also=f"{checkpoint_path} is damaged too ({checkpoints_damaged}).")
+        raise DamagedRun(f"{checkpoint_path} is damaged ({checkpoints_damaged}); {recover}")
     values = checkpoint_values(run)
     if not store_path.exists() or store_path.stat().st_size == 0:
         if values:
             raise store_lost(run.path, store_problem(store_path))
-        set_aside(run.path, ["store.sqlite-wal", "store.sqlite-shm"])  # a WAL without its database: unusable
+        if not reader:
+            set_aside(run.path, ["store.sqlite-wal", "store.sqlite-shm"])  # a WAL without its database: unusable
         return
-    problem = store_problem(store_path)
+    problem = store_problem(store_path, reader=reader, live=live)
     if problem:
         raise store_lost(run.path, problem)
-    db = sqlite3.connect(str(store_path), timeout=30)
+    db = open_read_only(store_path, live=live) if reader else sqlite3.connect(str(store_path), timeout=30)
     try:
         numbers = store_cycle_numbers(db)
         lost = _missing_from_store(db, values or {}, checkpoint_references(run))
         known = _claimed_in_known_rounds(db, (values or {}).get("cycle_seq", 0))
+        searched = bool(_column(db, "select 1 from world_models limit 1"))
     finally:
         db.close()
     ahead = sorted(n for n in numbers if n > known)
+    if reader and values is None and not searched:
+        ahead = []  # attempts put into a store no search has run on (no world model yet): nothing to lose
     if ahead:
         if not checkpoint_path.exists():
             what = "is missing"
@@ -160,8 +274,9 @@ def check_for_writing(run: RunDir) -> None:
             what = "holds no state of this run"
         else:
             what = f"is older than store.sqlite (it knows {known} cycles, the store has attempts of cycle {ahead[-1]})"
-        raise DamagedRun(f"{checkpoint_path} {what}: continuing would start the search again on top of the "
-                         f"recorded one. {recover}")
+        harm = "the run's state cannot be read from it" if reader else \
+            "continuing would start the search again on top of the recorded one"
+        raise DamagedRun(f"{checkpoint_path} {what}: {harm}. {recover}")
     if lost:
         raise DamagedRun(f"{store_path} lacks what the checkpoints refer to ({lost}): it is older than them (a lost "
                          f"WAL file?). `ksearch recover {run.path}` continues from what the store still holds")

@@ -53,12 +53,17 @@ class ProgressPrinter:
         elif kind == "cycle_started":
             self.titles[event["cycle_id"]] = event["title"]
             self._print(f"[cycle {event['cycle_id']}] {event['node_id']}: {event['title']} "
-                        f"(up to {event['allowance']} attempts)")
+                        f"(up to {plural(event['allowance'], 'attempt')})")
         elif kind == "attempt":
             self._attempt(event)
         elif kind == "cycle_finished":
             outcome = f"best {event['best_attempt']}" if event["passed"] else "nothing passed"
-            self._print(f"[cycle {event['cycle_id']}] closed after {event['attempts']} attempts: {outcome}; {event['reason']}")
+            self._print(f"[cycle {event['cycle_id']}] closed after {plural(event['attempts'], 'attempt')}: {outcome}; "
+                        f"{event['reason']}")
+        elif kind == "infrastructure":
+            where = f" on {event['slot']}" if event.get("slot") else ""
+            self._print(f"[infrastructure] {event['attempt_id']}: {event['reason']}{where}: not the candidate's "
+                        f"failure, not counted (evaluation {event['try_number']} of {event['tries']})")
         elif kind == "new_best":
             self._print(f"[best] {event['attempt_id']}: score {event['score']:.4g}x")
         elif kind in ("edit_rejected", "planner_failed"):
@@ -85,6 +90,10 @@ class ProgressPrinter:
             headline = error_headline(row["log_excerpt"] if row else e.get("log", ""))
             if headline:
                 self._print("          " + headline[:200])
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning))(:.*)?$")

@@ -25,6 +25,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from .integrity import open_for_reading
 from .run_dir import RunDir
 from .search import state_at, summary
 from .speed_of_light import fmt_percent, row_fractions, run_work, sol_summary
@@ -151,11 +152,16 @@ def plot_figure(facts: RunFacts) -> Figure:
     attempts = facts.attempts
     last_iteration = max((a["iteration"] for a in attempts), default=0)
 
-    for status in sorted({a["status"] for a in attempts}):
-        rows = [a for a in attempts if a["status"] == status]
+    # The legend counts the search's attempts, as `ksearch show` and the header do; the seed has its own entry.
+    searched = [a for a in attempts if a["prompt_kind"] != "seed"]
+    for status in sorted({a["status"] for a in searched}):
+        rows = [a for a in searched if a["status"] == status]
         top.scatter([a["iteration"] for a in rows], [a["score"] or 0.0 for a in rows], s=28, zorder=3,
                     color=STATUS_COLORS.get(status, OTHER_COLOR), label=f"{status} ({len(rows)})",
                     marker="o" if status == "passed" else "x")
+    for seed in (a for a in attempts if a["prompt_kind"] == "seed"):
+        top.scatter([seed["iteration"]], [seed["score"] or 0.0], s=40, zorder=3, marker="D",
+                    color=STATUS_COLORS.get(seed["status"], OTHER_COLOR), label=f"seed ({seed['status']})")
     if facts.best_steps:
         xs = list(range(min(it for it, _ in facts.best_steps), last_iteration + 1))
         ys = [max(s for it, s in facts.best_steps if it <= x) for x in xs]
@@ -205,6 +211,11 @@ def _cycle_spans(attempts: list[dict]) -> dict[str, tuple[int, int, str]]:
 
 def fmt_score(score: float | None) -> str:
     return "–" if score is None else f"{score:.4g}x"
+
+
+def attempt_score(a: dict) -> str:
+    """A failed attempt has no score (its stored 0 is no speed-up)."""
+    return fmt_score(a["score"]) if a["status"] == "passed" else "–"
 
 
 def fmt_latency(us: float | None) -> str:
@@ -293,6 +304,12 @@ def node_title(node: Node) -> str:
     return node.action.title if node.action else "(task)"
 
 
+def attempts_heading(facts: RunFacts) -> str:
+    """The count `ksearch show` prints (the search's attempts), and the seed named apart: "12, and the seed"."""
+    seed = any(a["prompt_kind"] == "seed" for a in facts.attempts)
+    return f"{facts.info['attempts']}" + (", and the seed" if seed else "")
+
+
 ATTEMPT_COLUMNS = ["iter", "attempt", "cycle", "node", "prompt", "status", "score", "latency", "of floor", "tokens",
                    "eval s", "error (failures) / flags (passed)"]
 
@@ -320,7 +337,7 @@ def attempt_cells(facts: RunFacts, a: dict) -> list[str]:
     if fr and fr["implausible"]:
         flags = (flags + "; " if flags else "") + "faster than the floor on " + ", ".join(fr["implausible"])
     return [str(a["iteration"]), a["id"], a["cycle_id"], a["node_id"], a["prompt_kind"], a["status"],
-            fmt_score(a["score"]), fmt_latency(a["latency_us"]), floor_cell(facts, a["id"]),
+            attempt_score(a), fmt_latency(a["latency_us"]), floor_cell(facts, a["id"]),
             str(facts.tokens_per_attempt[a["id"]]), f"{a['eval_s'] or 0:.1f}",
             flags if a["status"] == "passed" else log_headline(a["log_excerpt"])]
 
@@ -430,7 +447,7 @@ def _html_tree(facts: RunFacts) -> str:
 
 def _lineage_rows(facts: RunFacts) -> list[list[str]]:
     return [[str(i), a["id"], a["cycle_id"], a["node_id"], action_title(facts, a), a["prompt_kind"], a["status"],
-             fmt_score(a["score"])] for i, a in enumerate(facts.lineage)]
+             attempt_score(a)] for i, a in enumerate(facts.lineage)]
 
 
 LINEAGE_COLUMNS = ["step", "attempt", "cycle", "node", "action", "prompt", "status", "score"]
@@ -450,7 +467,7 @@ def _html_attempts(facts: RunFacts) -> str:
     # The last column holds compiler and traceback text: a monospace cell reads better.
     table = _table(ATTEMPT_COLUMNS, rows, table_id="attempts-table", row_classes=classes,
                    col_classes={**_numeric(0, 6, 7, 8, 9, 10), 11: "log"})
-    return f'<section id="attempts"><h2>All attempts ({len(rows)})</h2>{table}</section>'
+    return f'<section id="attempts"><h2>All attempts ({attempts_heading(facts)})</h2>{table}</section>'
 
 
 def _html_source(facts: RunFacts) -> str:
@@ -492,7 +509,7 @@ def render_markdown(facts: RunFacts) -> str:
         lines += _md_tree(facts.world_model)
     lines += ["## Lineage of the best kernel", ""]
     lines += _md_table(LINEAGE_COLUMNS, _lineage_rows(facts)) if facts.lineage else ["no best kernel", ""]
-    lines += [f"## All attempts ({len(facts.attempts)})", ""]
+    lines += [f"## All attempts ({attempts_heading(facts)})", ""]
     lines += _md_table(ATTEMPT_COLUMNS, [attempt_cells(facts, a) for a in facts.attempts])
     lines += ["## Best kernel source", ""]
     for name, text in sorted(facts.best_files.items()):
@@ -530,7 +547,7 @@ def _longest_backtick_run(text: str) -> int:
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
     """Write report.html, report.md and the plot. Returns their paths under the keys html, markdown, plot."""
-    run = RunDir.open(run_dir)
+    run = open_for_reading(run_dir)
     out = Path(out_dir) if out_dir is not None else run.path / "report"
     out.mkdir(parents=True, exist_ok=True)
     facts = load_facts(run)

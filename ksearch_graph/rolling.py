@@ -66,8 +66,9 @@ class RollingRound:
             wm, best = merge_cycle(ctx, runtime, WorldModel.from_state(state["world_model"]), state["best"], result,
                                    iterations=iterations)
             active = {cid: c for cid, c in self.record["active"].items() if cid != result["cycle_id"]}
+            merged = [result["cycle_id"]] if result["n_attempts"] else []  # a halted cycle made no attempt
             after = {"world_model": wm.to_state(), "best": best, "iterations_done": iterations,
-                     "merged_cycles": state["merged_cycles"] + [result["cycle_id"]], "cycle_seq": state["cycle_seq"]}
+                     "merged_cycles": state["merged_cycles"] + merged, "cycle_seq": state["cycle_seq"]}
             waiting = list(self.record.get("waiting", []))
             handoff: dict[str, dict] = {}
             nxt, why_not, final = self._claim_into(ctx, wm, after, active)
@@ -120,7 +121,7 @@ def _claim(ctx: SearchContext, wm: WorldModel, state: dict, active: dict,
     from .nodes.cycles import new_cycle
 
     budget = ctx.config.budget.iterations
-    stop = ctx.cap_stop_reason()
+    stop = ctx.budget.stop_reason()  # the run's record: attempts recorded and in flight, caps
     if stop is not None:
         return None, stop, True
     if state["iterations_done"] >= budget:

@@ -55,11 +55,12 @@ class RunLock:
 def _write_holder(fd: int) -> None:
     info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join([_program(), *sys.argv[1:]])[:200]}
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+    data = json.dumps(info).encode()
+    try:  # written before the old one is cut off: a full disk leaves the old description as it was
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
     except OSError:
-        pass  # a full disk: the lock holds anyway, only the holder's description is missing
+        pass  # a full disk: the lock holds anyway, only the holder's description is not this process's
 
 
 def _program() -> str:
@@ -74,3 +75,32 @@ def _read_holder(fd: int) -> str:
     except (OSError, ValueError, KeyError):
         return "holder unknown"
 
+
+
+def writer_active(run_path: str | Path) -> bool:
+    """Whether a process holds the run's writer lock now, seen in /proc/locks without touching the lock (trying it
+    could make a writer starting that moment find it taken). True where that cannot be told (not Linux)."""
+    path = Path(run_path) / LOCK_FILE
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    try:
+        with open("/proc/locks") as f:
+            table = f.read()
+    except OSError:
+        return True
+    wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in table.splitlines():
+        fields = line.split()
+        if "FLOCK" not in fields:
+            continue
+        for field in fields:
+            parts = field.split(":")
+            if len(parts) == 3:
+                try:
+                    if (int(parts[0], 16), int(parts[1], 16), int(parts[2])) == wanted:
+                        return True
+                except ValueError:
+                    pass
+    return False

@@ -9,6 +9,7 @@ import functools
 import json
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -18,6 +19,7 @@ from .config import SearchConfig
 from .context import SearchContext
 from .gpu_record import keep_to_branch
 from .graph import build_search_graph
+from .integrity import open_for_reading
 from .run_dir import RunDir, RunDirError, copy_sqlite
 from .speed_of_light import row_fractions, run_work
 from .store import attempt_summary
@@ -146,7 +148,7 @@ def branch(src_dir: str | Path, checkpoint_id: str, into: str | Path, *, world_m
     The source run is only read. The branch gets a copy of the task, the settings, and the store
     rows of the cycles that belong to the checkpoint's past; its own history starts at the fork.
     """
-    src = RunDir.open(src_dir)
+    src = open_for_reading(src_dir)
     graph = build_search_graph(src.checkpointer())
     if checkpoint_id.startswith("merge:"):  # a rolling merge: the search state it committed, before the next plans
         values, as_node, has_next = _values_at_merge(src, checkpoint_id), "update_world_model", True
@@ -163,21 +165,33 @@ def branch(src_dir: str | Path, checkpoint_id: str, into: str | Path, *, world_m
                           "(or `ksearch resume DIR --iterations N` to continue it)")
     if world_model_file is not None:
         values["world_model"] = _load_edited_world_model(world_model_file, values["world_model"])
-    new = _new_branch(src, into, {"checkpoint": checkpoint_id, "edited_world_model": world_model_file is not None})
     keep = set(values.get("merged_cycles", [])) | {r["cycle_id"] for r in values.get("finished_cycles", [])}
-    store = new.store()
-    store.keep_only_cycles(keep)
-    keep_to_branch(store)
-    store.set_meta("status", "branched")
-    store.log_event("branched", source=str(src.path), checkpoint=checkpoint_id, edited=world_model_file is not None)
-    if world_model_file is not None:
-        store.snapshot_world_model(values["world_model"], iteration=values.get("iterations_done", 0),
-                                   reason="edited at branch")
-    store.close()
-    # Re-enter the graph as if ``as_node`` had just produced these values: its outgoing edges (and
-    # Sends, after select_plans) run from here, so the branch continues exactly from that point.
-    build_search_graph(new.checkpointer()).update_state(new.graph_config(), values, as_node=as_node)
+    with _new_branch(src, into, {"checkpoint": checkpoint_id, "edited_world_model": world_model_file is not None}) \
+            as new:
+        store = new.store()
+        try:
+            store.keep_only_cycles(keep)
+            keep_to_branch(store)
+            store.set_meta("status", "branched")
+            store.log_event("branched", source=str(src.path), checkpoint=checkpoint_id,
+                            edited=world_model_file is not None)
+            if world_model_file is not None:
+                store.snapshot_world_model(values["world_model"], iteration=values.get("iterations_done", 0),
+                                           reason="edited at branch")
+        finally:
+            store.close()
+        # Re-enter the graph as if ``as_node`` had just produced these values: its outgoing edges (and
+        # Sends, after select_plans) run from here, so the branch continues exactly from that point.
+        _seed_state(new, values, as_node)
     return new
+
+
+def _seed_state(run: RunDir, values: dict, as_node: str) -> None:
+    saver = run.checkpointer()
+    try:
+        build_search_graph(saver).update_state(run.graph_config(), values, as_node=as_node)
+    finally:
+        saver.conn.close()
 
 
 def _values_at_merge(run: RunDir, merge_id: str) -> dict:
@@ -198,7 +212,7 @@ def branch_at_attempt(src_dir: str | Path, attempt_id: str, into: str | Path) ->
     improves on ``attempt_id``'s code; the cycle then goes on as any other. A sample's id (``c3.4.2``, with
     ``--samples``) ends the cycle after step 4, that sample standing as the step's result.
     """
-    src = RunDir.open(src_dir)
+    src = open_for_reading(src_dir)
     store = src.store()
     try:
         row = store.get_attempt(attempt_id)
@@ -238,15 +252,18 @@ def branch_at_attempt(src_dir: str | Path, attempt_id: str, into: str | Path) ->
                     "Improve on its code.",
     }
     values.update(selected=[cycle], last_node="select_plans")
-    new = _new_branch(src, into, {"attempt": attempt_id, "checkpoint": launch.config["configurable"]["checkpoint_id"]})
-    store = new.store()
-    store.keep_only_cycles(set(values.get("merged_cycles", [])) | {cycle_id})
-    store.end_cycle_at(cycle_id, step)
-    keep_to_branch(store)
-    store.set_meta("status", "branched")
-    store.log_event("branched", source=str(src.path), attempt=attempt_id)
-    store.close()
-    build_search_graph(new.checkpointer()).update_state(new.graph_config(), values, as_node="select_plans")
+    with _new_branch(src, into, {"attempt": attempt_id,
+                                 "checkpoint": launch.config["configurable"]["checkpoint_id"]}) as new:
+        store = new.store()
+        try:
+            store.keep_only_cycles(set(values.get("merged_cycles", [])) | {cycle_id})
+            store.end_cycle_at(cycle_id, step)
+            keep_to_branch(store)
+            store.set_meta("status", "branched")
+            store.log_event("branched", source=str(src.path), attempt=attempt_id)
+        finally:
+            store.close()
+        _seed_state(new, values, "select_plans")
     return new
 
 
@@ -260,13 +277,16 @@ def attempt_step(attempt_id: str) -> int | None:
 _ATTEMPT_ID = re.compile(r"c\d+[a-z]*\.(\d+)(?:\.\d+)?")
 
 
-def _new_branch(src: RunDir, into: str | Path, where: dict) -> RunDir:
-    """The branch's run directory (locked for this process), with a copy of the source's task, settings and store."""
-    new = RunDir.create(into, src.path / "task", src.config.model_copy(deep=True),
-                        branched_from={"run": str(Path(src.path).resolve()), **where}, writer=True)
-    copy_sqlite(src.path / "store.sqlite", new.path / "store.sqlite")
-    new.save()  # the store copy replaced the branch's own copy of run.json
-    return new
+@contextmanager
+def _new_branch(src: RunDir, into: str | Path, where: dict) -> Iterator[RunDir]:
+    """The branch's run directory (locked for this process), with a copy of the source's task, settings and store;
+    what the block adds is part of it. Made whole or not at all (RunDir.building)."""
+    with RunDir.building(into, src.path / "task", src.config.model_copy(deep=True),
+                         branched_from={"run": str(Path(src.path).resolve()), **where}) as new:
+        (new.path / "store.sqlite").unlink()  # the copy below replaces it (and its copy of run.json)
+        copy_sqlite(src.path / "store.sqlite", new.path / "store.sqlite")
+        new.save()
+        yield new
 
 
 def _load_edited_world_model(path: str | Path, current: dict) -> dict:

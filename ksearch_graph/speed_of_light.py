@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -129,7 +130,12 @@ def _reference_module(task: Task):
 
     path = task.path(task.spec.reference)
     name = "ksearch_sol_reference_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
-    return load_module(name, str(path))
+    # No __pycache__ beside it: the task folder is the run directory's, which readers (show, report) never change.
+    before, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        return load_module(name, str(path))
+    finally:
+        sys.dont_write_bytecode = before
 
 
 def _derived(module, task: Task, params: dict) -> Work:

@@ -53,5 +53,6 @@ class CycleState(TypedDict, total=False):
     stagnation: int  # consecutive non-improving attempts
     feedback: str  # the reflection's words for the next attempt (failure log or performance summary)
     stop: str | None  # why the cycle ended
+    halt: str | None  # a budget stopped the cycle before its next attempt (budget.py); reflect closes it
     finished_cycles: Annotated[list[dict], collect_cycles]
     last_node: Annotated[str, latest]  # set to "action_cycle" when the cycle closes

@@ -129,6 +129,7 @@ class RunStore:
         self.db = sqlite_utils.Database(conn)
         self.db.enable_wal()
         self._lock = threading.RLock()
+        self.read_only = False
         try:
             for name, (columns, pk) in _SCHEMA.items():
                 if not self.db[name].exists():
@@ -144,6 +145,19 @@ class RunStore:
         if not self.db["attempts"].indexes:
             self.db["attempts"].create_index(["cycle_id"])
         self._settle()
+
+    @classmethod
+    def reader(cls, path: str | Path, *, live: bool = False) -> "RunStore":
+        """A reader's store: nothing is created or changed beside the file (sqlite_snapshot.py; ``live``: its writer
+        runs now); writes fail."""
+        from .sqlite_snapshot import open_read_only
+
+        store = cls.__new__(cls)
+        store.path = Path(path)
+        store.db = sqlite_utils.Database(open_read_only(store.path, live=live))
+        store._lock = threading.RLock()
+        store.read_only = True
+        return store
 
     def _settle(self) -> None:
         """Copy the WAL into store.sqlite (passive: readers are never waited for; skipped inside a transaction)."""

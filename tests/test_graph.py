@@ -216,6 +216,21 @@ def test_wall_clock_cap_counts_time_spent_across_the_run(tmp_path, scripted, sof
     assert "time budget" in final["stop_reason"] and final["iterations_done"] == 0
 
 
+def test_a_cap_reached_during_a_refill_stops_the_search_without_another_call(tmp_path, scripted, softmax_task):
+    """The refill's first answer is rejected and its call crosses the token cap: no retry is asked, no cycle starts."""
+    run, ctx, events = _run(tmp_path, scripted, iterations=3, window=3)
+    weak = script([insert("root", f"weak {i}", value=0.4 - 0.1 * i) for i in range(3)], reflect=False)
+
+    def rejected_then_cap(messages):
+        ctx.config.budget.max_tokens = ctx.store.token_totals()["total_tokens"] + 1  # this call crosses it
+        return script([insert("n9", "no such parent")], reflect=False)
+
+    scripted.planner += [weak, rejected_then_cap]
+    final = _drive(run, ctx, events)
+    assert "token budget" in final["stop_reason"] and final["iterations_done"] == 0
+    assert len(scripted.seen["planner"]) == 2 and not scripted.seen.get("coder")
+
+
 def test_branch_forgets_the_source_runs_later_cycles(tmp_path, scripted, softmax_task):
     """A branch re-uses cycle ids (c2 again); it must not replay the source's cached code or planner answers."""
     from ksearch_graph.search import branch

@@ -231,3 +231,33 @@ def test_headless_browser_screenshot(report, tmp_path):
     if artifacts := os.environ.get("KSEARCH_TEST_ARTIFACTS"):  # CI uploads this folder
         Path(artifacts).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(artifacts) / "report_screenshot.png")
+
+
+@pytest.mark.slow
+def test_counts_and_scores_agree_across_show_the_report_and_the_plot(tmp_path):
+    """One run, one count: `show`, the report's header and table, and the plot's legend all count the search's
+    attempts (the seed named apart); a failed attempt shows no score, and the live view counts in the singular."""
+    run_dir = tmp_path / "run"
+    proc = run_cli("run", str(SOFTMAX), "--offline", "-k", "2", "--iterations", "3", "--stagnation-window", "3",
+                   "--run-dir", str(run_dir), check=True)
+    assert "(up to 1 attempt)" in proc.stdout and "closed after 1 attempt:" in proc.stdout, proc.stdout
+    assert "1 attempts" not in proc.stdout
+    rows = _store_rows(run_dir, "select id, status, prompt_kind from attempts order by iteration")
+    failed = [r["id"] for r in rows if r["status"] != "passed"]
+    assert failed, "the example's run has a failing attempt (c2.1, a single block too small for its rows)"
+
+    shown = run_cli("show", str(run_dir), check=True).stdout
+    assert "attempts 3 (" in shown and "0x" not in shown
+    paths = write_report(run_dir, tmp_path / "out")
+    page = _parse(paths["html"])
+    assert "(3, and the seed)" in page.by_id["attempts"]["text"]
+    assert "## All attempts (3, and the seed)" in paths["markdown"].read_text(encoding="utf-8")
+    header = next(r for r in page.table_rows.get("attempts-table", []) if r[1] == failed[0])
+    assert header[6] == "–"  # no "0x" for a failed attempt
+    assert "0x" not in paths["markdown"].read_text(encoding="utf-8").split("## All attempts")[1].split("##")[0]
+
+    legend = plot_figure(load_facts(RunDir.open(run_dir, read_only=True))).axes[0].get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    counted = sum(int(label.rsplit("(", 1)[1].rstrip(")")) for label in labels
+                  if not label.startswith(("seed", "best")) and label.rsplit("(", 1)[1].rstrip(")").isdigit())
+    assert counted == 3 and any(label.startswith("seed (") for label in labels), labels

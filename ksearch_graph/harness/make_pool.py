@@ -26,7 +26,7 @@ class PoolOptions:
 def evaluator_settings(config: SearchConfig) -> dict:
     """SubprocessEvaluator's settings for a search (the same on a Ray worker)."""
     budget = config.timing_budget_s or (1.0 if gpu_driver_present() else 0.25)
-    return {"timeout_s": config.eval_timeout_s, "time_budget_s": budget}
+    return {"timeout_s": config.eval_timeout_s, "time_budget_s": budget, "sandbox": config.sandbox}
 
 
 def make_pool(options: PoolOptions, config: SearchConfig, task: Task | None = None) -> Evaluator:

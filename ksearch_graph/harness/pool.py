@@ -26,6 +26,7 @@ from typing import Callable
 
 from ..evaluation import EvalResult, Evaluator, Status
 from .client import gpu_driver_present
+from .failures import infrastructure_error
 from ..task import Task
 
 HEALTH_CHECK = ("import torch; x = torch.ones(1 << 20, device='cuda'); torch.cuda.synchronize(); "
@@ -78,12 +79,12 @@ class EvaluationPool:
     def evaluate(self, task: Task, files: dict[str, str], *, attempt_id: str) -> EvalResult:
         slot = self._lease()
         if slot is None:
-            return EvalResult(status=Status.unavailable, log_excerpt="every GPU of the pool failed its health check")
+            return infrastructure_error("every GPU of the pool failed its health check")
         start = time.monotonic()
         try:
             result = slot.evaluator.evaluate(task, files, attempt_id=attempt_id)
         except Exception as e:  # an evaluator should not raise; if it does, the slot is still given back
-            result = EvalResult(status=Status.runtime_error, log_excerpt=f"evaluator error: {type(e).__name__}: {e}")
+            result = infrastructure_error(f"the evaluator of slot {slot.name} failed", f"{type(e).__name__}: {e}")
         end = time.monotonic()
         result.environment.update(pool_slot=slot.name, gpu_model=slot.model)
         healthy = True

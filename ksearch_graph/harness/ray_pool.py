@@ -6,9 +6,9 @@ so no secret leaves the search's machine. What travels: the task folder (a tar a
 once per task), the candidate's files and the evaluator's settings; the ``EvalResult`` comes back as JSON.
 
 A worker or node that dies mid-evaluation (its process killed, the node lost) makes Ray run the task once more on a
-worker that is alive (``max_retries=1``); a second death is the attempt's result (``runtime_error`` saying so). The
-search records every attempt once, under its deterministic id, when the result comes back, so a retried evaluation
-is neither lost nor recorded twice.
+worker that is alive (``max_retries=1``); a second death is an ``infrastructure_error`` (failures.py), which the
+search retries and never charges to the candidate (infrastructure.py). The search records every attempt once,
+under its deterministic id, when the result comes back, so a retried evaluation is neither lost nor recorded twice.
 
 GPU models: a cluster whose GPU nodes report more than one accelerator type is refused unless ``gpu_model`` picks
 one (Ray's ``accelerator_type``); every result records the model it ran on.
@@ -26,8 +26,9 @@ import threading
 import time
 from pathlib import Path
 
-from ..evaluation import EvalResult, Status
+from ..evaluation import EvalResult
 from ..task import Task
+from .failures import infrastructure_error
 from .pool import Interval, PoolError, busy_share
 
 RETRIES = 1  # a dead worker's evaluation runs once more elsewhere
@@ -88,11 +89,10 @@ class RayPool:
         try:
             text, start, end = ray.get(ref)
         except ray.exceptions.RayTaskError as e:  # the harness itself raised on the worker (it should not)
-            return EvalResult(status=Status.runtime_error, log_excerpt=f"evaluation error on the Ray worker: {e}"[:2000])
+            return infrastructure_error("the evaluation failed on the Ray worker", str(e))
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.RaySystemError,
                 ray.exceptions.ObjectLostError) as e:
-            return EvalResult(status=Status.runtime_error, log_excerpt=f"the evaluation was lost on the Ray cluster "
-                              f"twice (worker or node died; retried {RETRIES}x): {type(e).__name__}: {e}"[:2000])
+            return infrastructure_error(f"the Ray worker was lost twice (retried {RETRIES}x)", f"{type(e).__name__}: {e}")
         with self._lock:
             self.intervals.append(Interval("ray", attempt_id, start, end))
         return EvalResult.model_validate_json(text)

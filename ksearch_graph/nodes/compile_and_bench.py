@@ -9,6 +9,10 @@ treated as failed.
 
 The samples of a step (``samples`` > 1) are evaluated side by side, each on its own lease of the evaluator's pool;
 every one is recorded, and the best (passing, highest score; else the first) is the step's result.
+
+An attempt is evaluated only with its iteration claimed from the run's budget (budget.py): a resume with a smaller
+budget does not evaluate code generated before it. A failure the candidate did not cause is not its result
+(infrastructure.py): it is retried, and stops the run when the infrastructure is down.
 """
 
 from __future__ import annotations
@@ -19,17 +23,41 @@ from langgraph.runtime import Runtime
 
 from ..context import SearchContext, search_context
 from ..evaluation import EvalResult, Status
-from ..events import AttemptEvent
+from ..events import AttemptEvent, InfrastructureEvent
+from ..harness.failures import infrastructure_error
+from ..infrastructure import TRIES, evaluate_guarded
 from ..state import CycleState
 from ..store import attempt_summary
 from ._common import emit, side_by_side
 
 
-def _evaluate(ctx: SearchContext, files: dict[str, str], attempt_id: str) -> EvalResult:
-    try:
-        return ctx.evaluator.evaluate(ctx.task, files, attempt_id=attempt_id)
-    except Exception as e:  # the evaluator should not raise; if it does, it is this attempt's failure
-        return EvalResult(status=Status.runtime_error, log_excerpt=f"evaluator error: {type(e).__name__}: {e}")
+def _evaluate(ctx: SearchContext, runtime: Runtime[SearchContext], files: dict[str, str], attempt_id: str) -> EvalResult:
+    """The candidate's own result: failures outside it are tried again and never returned (infrastructure.py)."""
+
+    def once(candidate: dict[str, str], label: str) -> EvalResult:
+        try:
+            return ctx.evaluator.evaluate(ctx.task, candidate, attempt_id=label)
+        except Exception as e:  # the evaluator should not raise; if it does, it failed, not the candidate
+            return infrastructure_error("the evaluator failed", f"{type(e).__name__}: {e}")
+
+    def failed(result: EvalResult, try_number: int) -> None:
+        emit(runtime, InfrastructureEvent(
+            attempt_id=attempt_id, reason=result.infrastructure, try_number=try_number, tries=TRIES,
+            slot=result.environment.get("pool_slot") or result.environment.get("ray_node")))
+
+    return evaluate_guarded(once, files, attempt_id, control=control_files(ctx, files), reference=ctx.task.spec.reference,
+                            on_failure=failed)
+
+
+def control_files(ctx: SearchContext, candidate: dict[str, str]) -> dict[str, str] | None:
+    """Code known to pass, to tell a broken infrastructure from a candidate that breaks it: the task's seed once it
+    passed here, else the run's best passing attempt; None when there is none (or it is the candidate itself)."""
+    passed = [a for a in ctx.store.attempts() if a["status"] == "passed"]
+    if not passed:
+        return None
+    best = max(passed, key=lambda a: (a["prompt_kind"] == "seed", a["score"]))
+    files = ctx.store.get_source(best["source_hash"])
+    return None if files == candidate else files
 
 
 def evaluate_once(
@@ -59,9 +87,9 @@ def evaluate_once(
     if not files:
         result = EvalResult(status=Status.compile_error, log_excerpt=pending.get("error") or "the answer had no code")
     else:
-        result = _evaluate(ctx, files, attempt_id)
+        result = _evaluate(ctx, runtime, files, attempt_id)
         if result.passed and confirm_above is not None and result.score > confirm_above:
-            again = _evaluate(ctx, files, attempt_id)
+            again = _evaluate(ctx, runtime, files, attempt_id)
             first_score = result.score
             if not again.passed or again.score < result.score:
                 result = again
@@ -80,6 +108,7 @@ def evaluate_once(
         codegen_s=pending.get("codegen_s", 0.0),
         eval_s=time.monotonic() - started,
     )
+    ctx.budget.release(attempt_id)
     floor = ctx.speed_of_light().fractions(result)
     emit(runtime, AttemptEvent(
         attempt_id=attempt_id, cycle_id=cycle_id, node_id=node_id,
@@ -94,7 +123,14 @@ def evaluate_once(
 def compile_and_bench(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
     ctx = search_context(runtime)
     cycle = state["cycle"]
+    if state.get("pending") is None:  # instantiate_code halted the cycle: nothing to evaluate
+        return {}
     samples = state.get("pending_samples") or [state["pending"]]
+    granted = set(ctx.budget.claim([p["id"] for p in samples]))
+    if not granted:
+        return {"pending": None, "pending_samples": None,
+                "halt": ctx.budget.iteration_stop_reason() or "iteration budget spent"}
+    samples = [p for p in samples if p["id"] in granted]
     cycle_best = state.get("cycle_best")
     bar = max(cycle["best_score_at_start"] or 0.0, cycle_best["score"] if cycle_best else 0.0)
 

@@ -7,6 +7,9 @@ its hash. The answer is cached under the attempt id, so a re-run after a crash r
 
 With ``samples`` N > 1 a step asks the same prompt N times at once (ids ``c3.2.1`` ... ``c3.2.N``, never more than
 the cycle's allowance leaves); compile_and_bench evaluates them side by side and keeps the best.
+
+Before the coder is asked, each attempt claims its iteration from the run's budget (budget.py) and a cap reached
+stops the step: a step with no attempt left halts the cycle (``halt``), which reflect then closes.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict
     last = state.get("last")
     n = max(1, min(ctx.config.samples, cycle["allowance"] - n_attempts))
     ids = [f"{cycle['id']}.{step}"] if ctx.config.samples == 1 else [f"{cycle['id']}.{step}.{j}" for j in range(1, n + 1)]
+    halt = ctx.budget.cap_stop_reason()
+    ids = [] if halt else ctx.budget.claim(ids)
+    if not ids:
+        return {"pending": None, "pending_samples": None, "halt": halt or ctx.budget.iteration_stop_reason()
+                or "iteration budget spent"}
     generated = side_by_side(lambda aid: _generate(ctx, runtime, state, aid, kind), ids)
     pending = [{
         "id": attempt_id,

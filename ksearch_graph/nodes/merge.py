@@ -11,6 +11,7 @@ from typing import Callable
 from langgraph.runtime import Runtime
 
 from ..agents import Evidence, PlannerOutputError, Usage
+from ..budget import BudgetSpent
 from ..context import SearchContext
 from ..evaluation import EvalResult
 from ..events import CycleOrphanedEvent, EditRejectedEvent, NewBestEvent, WorldModelEvent
@@ -31,6 +32,7 @@ def edit_with_retries(
         cache_key = f"{key}:{attempt}"
         cached = ctx.store.get_generation(cache_key)
         if cached is None:
+            ctx.budget.check_llm_call()  # BudgetSpent: a cap is reached, no planner call starts
             started = time.monotonic()
             try:
                 script, usage = ask(errors)
@@ -64,8 +66,11 @@ def best_entry(row: dict, node_id: str) -> dict:
 
 def merge_cycle(ctx: SearchContext, runtime: Runtime[SearchContext] | None, wm: WorldModel, best: dict | None,
                 result: dict, *, iterations: int) -> tuple[WorldModel, dict | None]:
-    """One finished cycle into the world model: visit, close on success, the planner's (cached) edit.
-    ``runtime`` None: quiet (no events, no snapshot), to get the planner's answer into the cache ahead."""
+    """One finished cycle into the world model: visit, close on success, the planner's (cached) edit, unless a cap
+    allows no planner call. ``runtime`` None: quiet (no events, no snapshot), to get the planner's answer into the
+    cache ahead. A cycle that made no attempt (a budget halted it first) is no evidence: nothing changes."""
+    if result["n_attempts"] == 0:
+        return wm, best
     node_id, cycle_id = result["node_id"], result["cycle_id"]
     say = (lambda event: emit(runtime, event)) if runtime is not None else (lambda event: None)
     if node_id not in wm.nodes:  # pruned meanwhile by another cycle's update: keep the evidence only
@@ -90,9 +95,12 @@ def merge_cycle(ctx: SearchContext, runtime: Runtime[SearchContext] | None, wm: 
         ask = lambda errs, wm=wm, ev=evidence: ctx.planner.too_hard(ctx.task, wm, ev, errors=errs,
                                                                      sol=ctx.speed_of_light())
         reason = f"too-hard update after {cycle_id}"
-    new_wm, errors = edit_with_retries(
-        ctx, f"update:{cycle_id}", ask, lambda s, wm=wm: apply_edits(wm, s, reflect_on=node_id)
-    )
+    try:
+        new_wm, errors = edit_with_retries(
+            ctx, f"update:{cycle_id}", ask, lambda s, wm=wm: apply_edits(wm, s, reflect_on=node_id)
+        )
+    except BudgetSpent as spent:  # the visit and the close stand; the planner is not asked
+        new_wm, errors, reason = wm, [], f"{reason} without the planner ({spent})"
     if new_wm is None:
         say(EditRejectedEvent(cycle_id=cycle_id, errors=errors))
         new_wm = ensure_continuation(wm, node_id) if passed else wm

@@ -2,7 +2,8 @@
 
 An attempt improves the cycle when it passes and beats the cycle's best by the noise margin. After W
 (stagnation window) non-improving attempts in a row, when the cycle's iteration allowance is spent,
-or when a run-wide cap (tokens, cost, time) is hit, the cycle ends and its result goes to the parent.
+or when the run's budget (iterations, tokens, cost, time; budget.py) allows no further attempt, the cycle ends and
+its result goes to the parent. A cycle halted before its next attempt (``halt``) ends with the attempts it has.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def _feedback(ctx: SearchContext, last: dict, best: dict | None) -> str:
 
 def reflect(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
     ctx = search_context(runtime)
+    if state.get("halt"):
+        return _close(runtime, state, state["halt"], {"halt": None})
     cycle = state["cycle"]
     n_attempts = state["n_attempts"]
     last = state["last"]
@@ -56,11 +59,17 @@ def reflect(state: CycleState, runtime: Runtime[SearchContext]) -> dict:
     elif n_attempts >= cycle["allowance"]:
         stop = f"iteration allowance spent ({n_attempts})"
     else:
-        stop = ctx.cap_stop_reason()
+        stop = ctx.budget.stop_reason()
 
     update = {"cycle_best": best, "stagnation": stagnation, "feedback": _feedback(ctx, last, best)}
     if stop is None:
         return update
+    return _close(runtime, {**state, **update}, stop, update)
+
+
+def _close(runtime: Runtime[SearchContext], state: CycleState, stop: str, update: dict) -> dict:
+    """End the cycle: its result (best attempt, attempts made, why) goes to the parent."""
+    cycle, best, n_attempts = state["cycle"], state.get("cycle_best"), state.get("n_attempts", 0)
     emit(runtime, CycleFinishedEvent(cycle_id=cycle["id"], node_id=cycle["node_id"], passed=best is not None,
                                      best_attempt=best["id"] if best else None, attempts=n_attempts, reason=stop))
     result = {"cycle_id": cycle["id"], "node_id": cycle["node_id"], "best": best, "n_attempts": n_attempts, "stop": stop}

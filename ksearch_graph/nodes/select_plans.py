@@ -1,8 +1,9 @@
 """Plan selection: pick up to k frontier actions and launch one action cycle for each.
 
-The budget left is split over the launched cycles, so k cycles side by side never spend more
-iterations than the run has. The launch payloads are written to state before the ``Send``s go out,
-which makes them part of the checkpoint: a resumed or branched run relaunches exactly these cycles.
+The budget left (from the run's record, budget.py) is split over the launched cycles as their allowances; the
+budget itself is enforced per attempt, so k cycles side by side never spend more iterations than the run has. The
+launch payloads are written to state before the ``Send``s go out, which makes them part of the checkpoint: a resumed
+or branched run relaunches exactly these cycles.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send, interrupt
 from pydantic import BaseModel, ValidationError
 
+from ..budget import BudgetSpent
 from ..context import SearchContext, search_context
 from ..evaluation import EvalResult
 from ..events import CycleStartedEvent, EditRejectedEvent, StoppingEvent, WorldModelEvent
@@ -26,21 +28,22 @@ from .merge import edit_with_retries
 
 def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
     ctx = search_context(runtime)
-    done = state.get("iterations_done", 0)
-    stop = ctx.budget_stop_reason(done)
+    done = ctx.budget.iterations_done()  # the run's record, not the allowance a state was planned with
+    stop = ctx.budget.stop_reason()
     wm = WorldModel.from_state(state["world_model"])
     picks: list[str] = []
     if stop is None:
-        remaining = ctx.config.budget.iterations - done
+        remaining = ctx.budget.iterations_left()
         lanes = min(ctx.config.parallel_cycles, remaining)
         wm = refill_if_weak(ctx, runtime, state, wm)
-        picks = select_actions(
+        stop = ctx.budget.cap_stop_reason()  # the refill's call may have reached a cap: no cycle starts then
+        picks = [] if stop else select_actions(
             wm,
             lanes,
             policy=ctx.config.policy,
             difficulty_cap=ctx.config.difficulty_cap,
         )
-        if not picks:
+        if stop is None and not picks:
             stop = "frontier exhausted: no open action left"
         elif ctx.config.approve_plans:
             picks, wm, stop = _approve(wm, picks)
@@ -81,11 +84,14 @@ def refill_if_weak(ctx: SearchContext, runtime: Runtime[SearchContext], state: S
         return wm
     cycle = f"c{state.get('cycle_seq', 0) + 1}"
     best = _best_result(ctx, state.get("best"))
-    new_wm, errors = edit_with_retries(
-        ctx, f"refill:{cycle}",
-        lambda errs: ask(ctx.task, wm, errors=errs, sol=ctx.speed_of_light(), best=best),
-        lambda script: apply_edits(wm, script),
-    )
+    try:
+        new_wm, errors = edit_with_retries(
+            ctx, f"refill:{cycle}",
+            lambda errs: ask(ctx.task, wm, errors=errs, sol=ctx.speed_of_light(), best=best),
+            lambda script: apply_edits(wm, script),
+        )
+    except BudgetSpent:  # a cap reached before (another) planner call: the frontier stays as it is
+        return wm
     if new_wm is None:
         emit(runtime, EditRejectedEvent(cycle_id=cycle, errors=errors))
         return wm

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from langgraph.runtime import Runtime
 
+from ..budget import BudgetSpent
 from ..context import SearchContext, search_context
 from ..events import PlannerFailedEvent, WorldModelEvent
 from ..state import CLEAR, SearchState
@@ -38,12 +39,15 @@ def init_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> dic
                 score=row["score"], latency_us=row["latency_us"],
             )
             best = best_entry(row, ROOT)
-    new_wm, errors = edit_with_retries(
-        ctx,
-        "init",
-        lambda errs: ctx.planner.initial(ctx.task, wm, errors=errs, sol=ctx.speed_of_light()),
-        lambda script: _checked_init(wm, script),
-    )
+    try:
+        new_wm, errors = edit_with_retries(
+            ctx,
+            "init",
+            lambda errs: ctx.planner.initial(ctx.task, wm, errors=errs, sol=ctx.speed_of_light()),
+            lambda script: _checked_init(wm, script),
+        )
+    except BudgetSpent:  # a cap reached before the planner's first answer: no actions, select_plans stops
+        new_wm, errors = wm, []
     if new_wm is None:
         emit(runtime, PlannerFailedEvent(phase="init", errors=errors))
         raise PlannerFailed("the planner gave no valid initial world model:\n  " + "\n  ".join(errors))
@@ -82,6 +86,8 @@ def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> d
     # In launch order, so parallel cycles merge deterministically.
     order = {c["id"]: i for i, c in enumerate(selected)}
     for result in sorted(state.get("finished_cycles", []), key=lambda r: order.get(r["cycle_id"], len(order))):
+        if result["n_attempts"] == 0:  # halted by a budget before its first attempt: nothing to merge
+            continue
         iterations += result["n_attempts"]
         merged.append(result["cycle_id"])
         wm, best = merge_cycle(ctx, runtime, wm, best, result, iterations=iterations)
