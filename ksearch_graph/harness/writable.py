@@ -2,7 +2,7 @@
 
 task.json ``"writable_inputs": ["inputs[0][2]", "inputs[0]['out']"]`` names them by their path in the tuple
 make_inputs returns, written as the harness names input paths elsewhere (tensors.without_added_keys): an integer per
-tuple or list position, a quoted key per dict entry. Every other input must still come back unchanged; these are left
+tuple or list position, a quoted key per dict entry, ``[*]`` for every element (``inputs[0][0][*][2]``). Every other input must still come back unchanged; these are left
 out of that check and out of the fingerprints taken before a call (``without_writable``), and the candidate's output
 is still what is checked.
 """
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 
-PATH = re.compile(r"inputs((?:\[(?:\d+|'[^'\\]*'|\"[^\"\\]*\")\])+)")
-PART = re.compile(r"\[(\d+|'[^'\\]*'|\"[^\"\\]*\")\]")
+PATH = re.compile(r"inputs((?:\[(?:\d+|\*|'[^'\\]*'|\"[^\"\\]*\")\])+)")
+PART = re.compile(r"\[(\d+|\*|'[^'\\]*'|\"[^\"\\]*\")\]")
+EVERY = "*"  # every position of a list or tuple, every key of a dict: a buffer in each group of a grouped GEMM
 MAX_PATHS = 64
 
 
@@ -20,7 +21,7 @@ def parse_path(text: str) -> tuple:
     """``inputs[0]['out']`` -> (0, "out"); ValueError for anything else."""
     if not isinstance(text, str) or not PATH.fullmatch(text):
         raise ValueError(f"{text!r} is not an input path like inputs[0][2] or inputs[0]['out']")
-    return tuple(int(p) if p.isdigit() else p[1:-1] for p in PART.findall(text))
+    return tuple(int(p) if p.isdigit() else p if p == EVERY else p[1:-1] for p in PART.findall(text))
 
 
 def parse_writable(raw, where: str) -> list[str]:
@@ -54,16 +55,19 @@ def without_writable(value, paths: list[tuple]):
     for path in paths:
         if path:
             heads.setdefault(path[0], []).append(path[1:])
+    every = heads.pop(EVERY, [])
     if isinstance(value, (list, tuple)):
         items = list(value)
-        for i, rests in heads.items():
-            if isinstance(i, int) and 0 <= i < len(items):
+        for i in range(len(items)):
+            rests = heads.get(i, []) + every
+            if rests:
                 items[i] = None if () in rests else without_writable(items[i], rests)
         return type(value)(items) if type(value) in (list, tuple) else tuple(items)
     if isinstance(value, dict):
         out = dict(value)
-        for k, rests in heads.items():
-            if k in out:
+        for k in out:
+            rests = heads.get(k, []) + every
+            if rests:
                 out[k] = None if () in rests else without_writable(out[k], rests)
         return out
     return value
