@@ -225,6 +225,14 @@ def test_side_by_side_writes_and_reads_upstreams_formats():
                       "check": "pass"}
 
 
+def test_side_by_side_starts_no_timed_step_past_its_deadline(tmp_path):
+    import time
+
+    tool = _side_by_side()
+    runs = tool.upstream_benchmarks(tmp_path, "eval.py", 3, "benchmark", 60, "x", time.monotonic() + 30)
+    assert runs == ["not run: another 60 s would pass the deadline"]
+
+
 @pytest.mark.slow
 def test_side_by_side_runs_both_evaluators_on_our_problem(tmp_path):
     """The whole script on CPU, with this test problem's own small eval.py standing in for GPU MODE's."""
@@ -385,3 +393,32 @@ def test_a_problem_that_needs_a_gpu_is_unavailable_here(tmp_path):
                    '"cuda")')
     assert unmet_requirement(read_task(str(materialise_gpumode(FAMILY / "buffers", tmp_path / "b")), None),
                              "cpu") is None
+
+
+def test_cpu_side_distributions_are_sampled_on_the_evaluation_device(tmp_path):
+    """TriMul draws its Cauchy input from torch.distributions on the CPU (seconds per call at its sizes, in both
+    processes, for every timed call): the task draws it on the device the harness asks for."""
+    from ksearch_graph.harness.tasks import load_module
+
+    problem = tmp_path / "cauchy"
+    problem.mkdir()
+    for shared in ("utils.py", "eval.py"):
+        (tmp_path / shared).write_text((FAMILY / shared).read_text())
+    (problem / "task.yml").write_text((FAMILY / "cuda_only" / "task.yml").read_text())
+    (problem / "reference.py").write_text(
+        "import torch\nfrom utils import device, make_match_reference\n\n\ndef ref_kernel(data):\n    return data * 2\n"
+        "\n\ndef generate_input(size, seed):\n    x = torch.distributions.Cauchy(0, 2).sample((size,))\n"
+        "    return x + torch.zeros(size, device=x.device)\n\n\n"
+        "check_implementation = make_match_reference(ref_kernel)\n")
+    folder = materialise_gpumode(problem, tmp_path / "task")
+    assert "the same distribution, other values" in load_task(folder).spec_text
+    ref = load_module("ksearch_cauchy_reference", str(folder / "reference.py"))
+    assert ref._SAMPLE_ON_DEVICE is True
+    torch.distributions.Distribution.set_default_validate_args(False)  # validation reads values
+    try:
+        (x,) = ref.make_inputs({"size": 8, "seed": 1}, 5, "meta")
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(True)
+    assert x.device.type == "meta"  # drawn where the harness asked, not on the CPU
+    assert torch.equal(ref.make_inputs({"size": 8, "seed": 1}, 5, "cpu")[0],
+                       ref.make_inputs({"size": 8, "seed": 1}, 5, "cpu")[0])
