@@ -16,7 +16,6 @@ TOOL = REPO / "tools" / "task_coverage.py"
 DATA = REPO / "tests" / "data"
 
 
-
 def run(tmp_path: Path, *args: str, timeout: int = 600) -> tuple[str, list[dict]]:
     out = tmp_path / "coverage.json"
     proc = subprocess.run([sys.executable, str(TOOL), *args, "--json", str(out)], capture_output=True, text=True,

@@ -34,12 +34,15 @@ from ksearch_graph.task_sources import discover, materialise, reference_candidat
 
 
 
-def first_line(message: str, paths: list[Path]) -> str:
-    """A reason without the problem's own path, so equal reasons count together."""
+def first_line(message: str, paths: list[Path], name: str = "") -> str:
+    """A reason without the problem's own path and name, so equal reasons count together."""
     text = message.strip().splitlines()[0] if message.strip() else ""
     for p in paths:
         text = text.replace(str(p.resolve()), "PROBLEM").replace(str(p), "PROBLEM")
-    return re.sub(r"/\S*/(task\.yml|reference\.py|[\w.-]+\.py|[\w.-]+\.json)\b", r"\1", text)[:400]
+    if re.search(r"[_\d]", name):  # a definition's or problem's own name (not a word like "multi")
+        text = text.replace(name, "NAME")
+    text = re.sub(r"/\S*/(task\.yml|reference\.py|[\w.-]+\.py|[\w.-]+\.json)\b", r"\1", text)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def input_mb(task_dir: Path, spec: dict) -> float | None:
@@ -73,7 +76,7 @@ def survey(kind: str, path: Path, out_dir: Path, device: str, max_mb: float) -> 
         task_dir = materialise(path, out_dir)
         load_task(task_dir)
     except TaskError as e:
-        return row | {"outcome": "refused", "reason": first_line(str(e), [path, path.parent])}
+        return row | {"outcome": "refused", "reason": first_line(str(e), [path, path.parent], row["name"])}
     spec = json.loads((task_dir / "task.json").read_text())
     row |= {"task_dir": str(task_dir), "workloads": len(spec["workloads"]), "requires": spec.get("requires", {}),
             # fields a judge must read for this task's reference to pass (harness/task_checks.py, writable.py)
