@@ -231,6 +231,13 @@ class _Bindings(ast.NodeVisitor):
             else:
                 self.bind(target, self.path_of(node.value))
 
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:  # buf += value: in place on a tensor
+        self.generic_visit(node)
+        target = node.target.value if isinstance(node.target, ast.Subscript) else node.target
+        path = self.path_of(target)
+        if path is not None:
+            self.written.append(path)
+
     def visit_For(self, node: ast.For) -> None:
         it = node.iter
         target = node.target
