@@ -138,7 +138,8 @@ def make_inputs(params, seed, device):
         _poison(data, path)
     return (data,)
 '''
-_OWN_CHECK = """# The problem's own check_implementation(data, output): run by the judge (task.json "check"), never by a candidate.
+_OWN_CHECK = """# The problem's own check_implementation(data, output): run by the judge (task.json "check"), never by a
+# candidate.
 check_implementation = _problem.check_implementation
 """
 
@@ -194,7 +195,8 @@ def problem_files(problem: Path, raw: dict, yml: Path) -> tuple[list[tuple[Path,
     if not isinstance(entries, list):
         raise TaskError(f"{yml}: 'files' must be a list of {{name, source}} entries")
     for entry in entries:
-        if not (isinstance(entry, dict) and all(isinstance(entry.get(k), str) and entry[k] for k in ("name", "source"))):
+        if not (isinstance(entry, dict)
+                and all(isinstance(entry.get(k), str) and entry[k] for k in ("name", "source"))):
             raise TaskError(f"{yml}: every entry of 'files' needs a name and a source, got {entry!r}")
         name, source = entry["name"], entry["source"]
         dest = PurePosixPath(name)

@@ -353,7 +353,8 @@ def test_a_problems_own_check_judges_the_output(tmp_path):
     spec = load_task(folder).spec
     assert spec.check.model_dump() == {"module": "reference.py", "function": "check_implementation"}
     assert spec.writable_inputs == ["inputs[0][1]"] and "own `check_implementation" in load_task(folder).spec_text
-    exact = "import torch\ndef custom_kernel(data):\n    x, out = data\n    return torch.cumsum(x.double(), 0).float()\n"
+    exact = ("import torch\ndef custom_kernel(data):\n    x, out = data\n"
+             "    return torch.cumsum(x.double(), 0).float()\n")
     assert judge_call(folder, exact, workload=1)[:2] == (None, "")
     # 1e-4 off: outside 1e-5 * sqrt(10) on the small test, inside 1e-5 * sqrt(4096) on the large one
     off = exact.replace(".float()\n", ".float() * (1 + 1e-4)\n")

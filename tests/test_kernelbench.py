@@ -160,7 +160,8 @@ def test_a_problem_importing_a_missing_module_is_unavailable(tmp_path):
     from ksearch_graph.harness.tasks import read_task
 
     path = tmp_path / "48_Mamba.py"
-    path.write_text(PROBLEM.read_text().replace("import torch\n", "import torch\nfrom no_such_einops import rearrange\n", 1))
+    path.write_text(PROBLEM.read_text().replace("import torch\n", "import torch\nfrom no_such_einops import rearrange\n",
+                                                1))
     folder = materialise_problem(path, tmp_path / "task")
     why = unmet_requirement(read_task(str(folder), None), "cpu")
     assert why == ("this task needs the Python module no_such_einops, which is not installed here (the problem "

@@ -2,10 +2,10 @@
 meta device (tensors with shapes and dtypes, no data), and the judge refuses a workload whose copies would not fit.
 
 On the meta device every tensor torch makes is meta: factories without a device (torch.device("meta")), factories
-and ``.to()`` with one (rewritten), ``.cuda()`` / ``.cpu()`` (no-ops), and ``torch.Generator(device=...)`` gives a CPU
-generator, which is dropped from every call (meta tensors draw nothing). Where make_inputs does something a tensor without data cannot (``.item()``,
-NumPy, reading its values), the size is unknown (None) and the evaluation goes on as before; so does memory that
-NumPy or Python allocate themselves (not counted).
+and ``.to()`` with one (rewritten), ``.cuda()`` / ``.cpu()`` (no-ops); ``torch.Generator(device=...)`` gives a CPU
+generator, dropped from every call (meta tensors draw nothing). Where make_inputs does something a tensor without
+data cannot (``.item()``, NumPy, reading its values), the size is unknown (None) and the evaluation goes on as
+before; memory that NumPy or Python allocate themselves is not counted.
 """
 
 from __future__ import annotations

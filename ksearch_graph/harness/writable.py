@@ -2,9 +2,9 @@
 
 task.json ``"writable_inputs": ["inputs[0][2]", "inputs[0]['out']"]`` names them by their path in the tuple
 make_inputs returns, written as the harness names input paths elsewhere (tensors.without_added_keys): an integer per
-tuple or list position, a quoted key per dict entry, ``[*]`` for every element (``inputs[0][0][*][2]``). Every other input must still come back unchanged; these are left
-out of that check and out of the fingerprints taken before a call (``without_writable``), and the candidate's output
-is still what is checked.
+tuple or list position, a quoted key per dict entry, ``[*]`` for every element (``inputs[0][0][*][2]``). Every
+other input must still come back unchanged; these are left out of that check and out of the fingerprints taken before
+a call (``without_writable``), and the candidate's output is still what is checked.
 """
 
 from __future__ import annotations
