@@ -322,34 +322,13 @@ def _task_folder(task_arg: str, definition: str | None):
     """The task folder for `ksearch run TASK`: a task folder (or its task.json) as it is; a FlashInfer-Trace
     definition (a definitions/**.json file, or a dataset root with --definition), a KernelBench problem (.py) or a
     GPU MODE problem folder (task.yml + reference.py) materialised into a temporary folder, which RunDir.create then
-    copies into RUN_DIR/task."""
+    copies into RUN_DIR/task (task_sources.py)."""
     import tempfile
 
-    from .flashinfer_trace import is_dataset_root, is_definition_file
-    from .flashinfer_trace_task import materialise_definition
-    from .gpumode import is_problem_dir, materialise_gpumode
-    from .kernelbench import is_problem_file, materialise_problem
+    from .task_sources import materialise
 
-    path = Path(task_arg)
-    if not path.exists():
-        raise TaskError(f"{path} does not exist")
-    if definition and not is_dataset_root(path) and not is_definition_file(path):
-        raise TaskError(f"--definition is for a FlashInfer-Trace dataset root (a folder with definitions/), "
-                        f"and {path} is not one")
-    if (path / "task.json").is_file() or path.name == "task.json":
-        yield path.parent if path.is_file() else path
-        return
     with tempfile.TemporaryDirectory(prefix="ksearch-task-") as tmp:
-        if is_dataset_root(path) or is_definition_file(path):
-            yield materialise_definition(path, Path(tmp) / "task", definition=definition)
-        elif is_problem_file(path):
-            yield materialise_problem(path, Path(tmp) / "task")
-        elif is_problem_dir(path):
-            yield materialise_gpumode(path, Path(tmp) / "task")
-        else:
-            raise TaskError(f"{path} is not a task: expected a task folder (with task.json), a FlashInfer-Trace "
-                            "definition (.json) or dataset root (with --definition NAME), a KernelBench "
-                            "problem (.py), or a GPU MODE problem folder (with task.yml and reference.py)")
+        yield materialise(Path(task_arg), Path(tmp) / "task", definition)
 
 
 def cmd_run(args) -> int:

@@ -22,7 +22,7 @@ import struct
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from .task import TaskError
 
@@ -76,6 +76,11 @@ class Definition(BaseModel):
     tags: list[str] = []
     description: str | None = None
     constraints: list[NonEmpty] = []
+
+    @field_validator("constraints", mode="before")
+    @classmethod
+    def _none_is_empty(cls, v):  # flashinfer-bench 0.1.1 wrote "constraints": null for a definition without any
+        return [] if v is None else v
 
     @model_validator(mode="after")
     def _consistent(self) -> "Definition":
@@ -203,6 +208,7 @@ def load_definition(path: Path) -> tuple[Definition, dict]:
 def load_workloads(root: Path, definition: Definition) -> list[tuple[Workload, dict, str]]:
     """Every workload of ``definition`` under ROOT/workloads, checked against it: (workload, raw, 'file:line')."""
     folder = root / "workloads"
+    missing: list[Path] = []  # safetensors files the workloads name and the dataset lacks
     files = sorted(folder.rglob(f"{definition.name}.jsonl"))
     scan_all = not files  # not named after the definition: look through every workload file for its lines
     if scan_all:
@@ -236,17 +242,47 @@ def load_workloads(root: Path, definition: Definition) -> list[tuple[Workload, d
                 workload = Workload.model_validate(raw)
             except ValidationError as e:
                 raise TaskError(f"{where} is not a valid workload:\n{_errors(e)}") from None
-            _check_workload(definition, workload, root, where)
+            _check_workload(definition, workload, root, where, missing)
             found.append((workload, raw, where))
     if not found:
         raise TaskError(f"no workloads for definition {definition.name!r} under {folder} "
                         f"(expected workloads/<op_type>/{definition.name}.jsonl)")
+    if missing:
+        raise TaskError(missing_blobs_message(definition.name, root, missing))
     seen: dict[str, str] = {}
     for workload, _, where in found:
         if workload.uuid in seen:
             raise TaskError(f"{where}: workload uuid {workload.uuid} already used at {seen[workload.uuid]}")
         seen[workload.uuid] = where
     return found
+
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
+HF_DATASET = "flashinfer-ai/flashinfer-trace"  # the public dataset on the Hugging Face Hub
+
+
+def is_lfs_pointer(path: Path) -> bool:
+    """A Git LFS pointer checked out in place of the file (a clone without ``git lfs pull``)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(LFS_POINTER)) == LFS_POINTER
+    except OSError:
+        return False
+
+
+def missing_blobs_message(definition: str, root: Path, missing: list[Path]) -> str:
+    """The blob files a definition's workloads need and the dataset lacks, and how to fetch them."""
+    shown = [str(p.relative_to(root)) if p.is_relative_to(root) else str(p) for p in missing]
+    folders = sorted({str(Path(p).parent) for p in shown})
+    patterns = " ".join(f"'{f}/*'" for f in folders[:4]) + (" ..." if len(folders) > 4 else "")
+    lfs = sum(is_lfs_pointer(p) for p in missing)
+    listing = ", ".join(shown[:3]) + (f" and {len(shown) - 3} more" if len(shown) > 3 else "")
+    return (f"{len(missing)} input file{'s' if len(missing) > 1 else ''} of definition {definition!r} "
+            f"{'are' if len(missing) > 1 else 'is'} missing from the dataset at {root}"
+            + (f" ({lfs} of them Git LFS pointers, not the files)" if lfs else "") + f": {listing}. FlashInfer-Trace "
+            f"keeps its blob files in Git LFS: in a git clone of the dataset run `git lfs pull --include "
+            f"{','.join(folders[:4])}`, or fetch them from the Hugging Face Hub: `huggingface-cli download "
+            f"{HF_DATASET} --repo-type dataset --local-dir {root} --include {patterns}`")
 
 
 def resolve_blob(root: Path, path: str) -> Path:
@@ -263,7 +299,7 @@ def safetensors_header(path: Path) -> dict:
         return json.loads(f.read(size))
 
 
-def _check_workload(definition: Definition, w: Workload, root: Path, where: str) -> None:
+def _check_workload(definition: Definition, w: Workload, root: Path, where: str, missing: list[Path]) -> None:
     for axis, value in w.axes.items():
         if axis not in definition.axes:
             raise TaskError(f"{where}: axes.{axis} is not an axis of {definition.name} "
@@ -271,9 +307,9 @@ def _check_workload(definition: Definition, w: Workload, root: Path, where: str)
         const = definition.axes[axis]
         if const.type == "const" and value != const.value:
             raise TaskError(f"{where}: axes.{axis} is {value}, but the definition fixes it at {const.value}")
-    missing = [a for a in definition.var_axes if a not in w.axes]
-    if missing:
-        raise TaskError(f"{where}: axes is missing the variable axes {missing}")
+    absent = [a for a in definition.var_axes if a not in w.axes]
+    if absent:
+        raise TaskError(f"{where}: axes is missing the variable axes {absent}")
     sizes = {**definition.const_axes, **w.axes}
     for c in definition.constraints:
         try:
@@ -291,8 +327,10 @@ def _check_workload(definition: Definition, w: Workload, root: Path, where: str)
             raise TaskError(f"{where}: inputs.{name} is a scalar, but the definition gives it the shape {tensor.shape}")
         if isinstance(spec, SafetensorsInput):
             path = resolve_blob(root, spec.path)
-            if not path.is_file():
-                raise TaskError(f"{where}: inputs.{name}.path {spec.path!r} does not exist ({path})")
+            if not path.is_file() or is_lfs_pointer(path):
+                if path not in missing:
+                    missing.append(path)
+                continue
             try:
                 header = safetensors_header(path)
             except (OSError, ValueError, struct.error) as e:

@@ -86,7 +86,9 @@ def _params(definition: Definition, w: Workload, root: Path) -> dict:
 
 
 def _choose_language(root: Path, definition: Definition) -> tuple[str, list[str]]:
-    """triton, unless the dataset's own solutions for this definition are all in other languages we support."""
+    """Triton, what the coder writes by default; accepted besides it: PyTorch and the languages of the dataset's own
+    solutions for the definition (a CUDA solution makes CUDA candidates acceptable, not the task a CUDA task: one
+    solution says what someone wrote, not what the task needs)."""
     seen: list[str] = []
     folder = root / "solutions"
     if folder.is_dir():
@@ -99,9 +101,7 @@ def _choose_language(root: Path, definition: Definition) -> tuple[str, list[str]
                 ours = LANGUAGE_FROM_FLASHINFER.get(str((data.get("spec") or {}).get("language")))
                 if ours and ours not in seen:
                     seen.append(ours)
-    language = "triton" if not seen or "triton" in seen else seen[0]
-    allowed = [language] + [lang for lang in ["triton", "pytorch", *seen] if lang != language]
-    return language, list(dict.fromkeys(allowed))
+    return "triton", list(dict.fromkeys(["triton", "pytorch", *seen]))
 
 
 def materialise_definition(source: str | Path, out_dir: str | Path, *, definition: str | None = None,

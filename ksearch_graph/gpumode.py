@@ -2,29 +2,35 @@
 
 A GPU MODE problem is a folder of the reference-kernels repository: ``task.yml`` (``files``, ``tests``,
 ``benchmarks``, ``templates``, ``config.main`` = eval.py, ``ranking_by``), ``reference.py`` (``ref_kernel(data)``,
-``generate_input(**args)``, ``check_implementation``), ``task.py`` (the types a submission imports) and helpers.
-A submission is ``submission.py`` defining ``custom_kernel(data)``. ``materialise_gpumode`` turns the folder into a
-task folder:
+``generate_input(**args)``, ``check_implementation``), ``task.py`` (the types a submission imports) and helpers, often
+one or two folders up (``../utils.py``). A submission is ``submission.py`` defining ``custom_kernel(data)``.
+``materialise_gpumode`` turns the folder into a task folder:
 
-- ``gpumode/``: the problem's files as task.yml lists them (not eval.py, not the submission), copied from the user's
-  copy at run time into the task folder (a run directory or a temporary folder; never this repository: the
-  problems' license does not allow that). It is put on ``sys.path``, so ``from task import input_t`` works as on GPU
-  MODE, where task.py sits next to submission.py.
+- ``gpumode/``: the problem's files as GPU MODE's runner reads task.yml's ``files``: each source relative to the folder
+  of task.yml (wherever it leads), each under its destination name, which must stay inside (not eval.py, not the
+  submission). Copied from the user's copy at run time into the task folder (a run directory or a temporary folder;
+  never this repository: the problems' license does not allow that). It is put on ``sys.path``, so
+  ``from task import input_t`` works as on GPU MODE, where task.py sits next to submission.py.
 - ``reference.py``: loads the problem's reference.py, ``reference = ref_kernel`` and ``make_inputs(params, seed,
   device)``, which calls ``generate_input(**params)``: with seed 0 (the first correctness input set of every
   workload, ``input_source: "gpumode"``) on the problem's own seed, otherwise on the harness's hidden seed.
 - ``task.json``: the tests as correctness workloads, the benchmarks as timed ones (only the last benchmark is timed
-  where ``ranking_by`` is "last", as upstream ranks it), ``custom_kernel`` in ``submission.py``, the tolerance of
-  ``make_match_reference(ref_kernel, rtol=, atol=)``, values compared in float32, ``timing: "end_to_end"``.
+  where ``ranking_by`` is "last", as upstream ranks it), ``custom_kernel`` in ``submission.py``, ``timing:
+  "end_to_end"``. The check: ``make_match_reference(ref_kernel, rtol=, atol=)`` becomes our elementwise comparison
+  with that tolerance, values compared in float32; any other ``check_implementation`` is run by the judge as it is
+  (``check``). Output buffers among the inputs are ``writable_inputs``; what the code needs of the machine (a GPU,
+  ROCm, Blackwell, modules) is ``requires`` (gpumode_code.py reads all of that from the code).
 - ``seed_submission.py``: the problem's template submission (``templates``), the search's starting point.
 
-The arguments are those upstream's eval.py gives ``generate_input`` (``args="upstream"``, the default): its runner
-writes each spec as a line ``key: value; ...`` and eval.py reads it back with a regex that keeps any value that is not
-an integer as a string, so YAML's ``False`` arrives as the string "False", which is truthy (TriMul's ``nomask:
+The arguments are those the problem's eval.py gives ``generate_input`` (``args="upstream"``, the default): its runner
+writes each spec as a line ``key: value; ...`` and eval.py reads it back with its own regex, which keeps any value that
+is not an integer as a string, so YAML's ``False`` arrives as the string "False", which is truthy (TriMul's ``nomask:
 False`` gives an all-ones mask). ``args="yaml"`` passes the values as YAML types them. docs/gpumode.md says what else
 differs from upstream.
 
-The problem's files are only parsed here, never run: the first code of them that runs is in the evaluation child.
+Refused, with the reason: multi-GPU problems, CUDA-source problems (``lang: "cu"``) and problems of another interface
+than ``ref_kernel``/``generate_input``. The problem's files are only parsed here, never run: the first code of them
+that runs is in the evaluation child.
 """
 
 from __future__ import annotations
@@ -33,19 +39,19 @@ import ast
 import json
 import re
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from . import gpumode_code as code
 from .task import TaskError
 
 SOLUTION_FILE = "submission.py"
 SEED_FILE = "seed_submission.py"
 PROBLEM_SUBDIR = "gpumode"
 SUBMISSION_SOURCE = "@SUBMISSION@"
-# upstream eval.py's test-spec regex: a key of letters, a value of letters or an integer, nothing else
-SPEC_PART = re.compile(r"\s*([a-zA-Z]+):\s*([a-zA-Z]+|[+-]?[0-9]+)\s*")
 # upstream utils.match_reference's defaults, where the problem's utils.py does not say
 DEFAULT_TOLERANCE = {"rtol": 1e-5, "atol": 1e-8}
+TEMPLATE_KEYS = ("Python", "Triton")  # task.yml templates preferred as the seed, in this order
 ArgsMode = Literal["upstream", "yaml"]
 
 _REFERENCE = '''"""Task {name}, generated by ksearch from the GPU MODE problem {source}:
@@ -64,6 +70,13 @@ _PROBLEM = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "{subdir}
 # other module named task, and twice, as the candidate's process then replaces sys.path[0] with the candidate's
 # folder.
 _sys.path[:0] = [_PROBLEM, _PROBLEM]
+# Output buffers GPU MODE allocates with torch.empty (paths in data): their content is undefined there, so a
+# candidate may not rely on it; here they are filled with NaN (integers: -1) before every call, the same in both
+# processes.
+_UNDEFINED = {undefined!r}
+# generate_input samples from torch.distributions on the CPU (seconds for TriMul's 3.2 GB Cauchy input); run under
+# torch.device(device) it samples on the evaluation device instead: the same distribution, another generator.
+_SAMPLE_ON_DEVICE = {on_device!r}
 
 
 def _load(name):
@@ -80,7 +93,7 @@ if _os.path.isfile(_os.path.join(_PROBLEM, "task.py")):
 _problem = _load("reference")
 _generate_input = _problem.generate_input  # bound now: a candidate that replaces it later is not called
 reference = _problem.ref_kernel
-
+{check}
 
 def _seed_everything(seed: int) -> None:
     """Generators the problem's generate_input may draw from without its own: Python's, NumPy's, torch's."""
@@ -94,14 +107,41 @@ def _seed_everything(seed: int) -> None:
         pass
 
 
+def _tuples(value):
+    """JSON keeps eval.py's tuples (bracketed specs) as lists: back to tuples."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _poison(data, path):
+    for key in path[:-1]:
+        data = data[key]
+    t = data[path[-1]]
+    if isinstance(t, _torch.Tensor):
+        try:
+            t.fill_(float("nan") if t.is_floating_point() else -1)
+        except RuntimeError:  # packed or odd dtypes: every byte set, NaN or -1 in most formats
+            t.view(_torch.uint8).fill_(255)
+
+
 def make_inputs(params, seed, device):
     """(data,) for one input set: generate_input(**params) on the problem's own seed where seed is 0, else on seed."""
-    args = dict(params)
+    args = {{k: _tuples(v) for k, v in params.items()}}
     if seed and "seed" in args:
         args["seed"] = int(seed)
     _seed_everything(int(args.get("seed", seed)))
-    return (_generate_input(**args),)
+    if _SAMPLE_ON_DEVICE:
+        with _torch.device(device):
+            data = _generate_input(**args)
+    else:
+        data = _generate_input(**args)
+    for path in _UNDEFINED:
+        _poison(data, path)
+    return (data,)
 '''
+_OWN_CHECK = """# The problem's own check_implementation(data, output): run by the judge (task.json "check"), never by a
+# candidate.
+check_implementation = _problem.check_implementation
+"""
 
 
 def is_problem_dir(path: Path) -> bool:
@@ -110,26 +150,13 @@ def is_problem_dir(path: Path) -> bool:
 
 
 def spec_line(spec: dict) -> str:
-    """One spec as GPU MODE's runner writes it into the file eval.py reads: ``key: value; key: value``."""
-    return "; ".join(f"{k}: {v}" for k, v in spec.items())
+    return code.spec_line(spec)
 
 
 def upstream_args(spec: dict, where: str) -> dict[str, Any]:
-    """The keyword arguments upstream's eval.py passes to generate_input for one task.yml spec: integers as int,
-    every other value as the string it was written as (True -> "True", False -> "False": both truthy)."""
-    args: dict[str, Any] = {}
-    for part in spec_line(spec).split(";"):
-        matched = SPEC_PART.fullmatch(part)
-        if not matched:
-            raise TaskError(f"{where}: upstream's eval.py rejects the spec part '{part.strip()}' (a key of letters "
-                            "only, then a value of letters or an integer)")
-        value: Any = matched[2]
-        try:
-            value = int(value)
-        except ValueError:
-            pass
-        args[matched[1]] = value
-    return args
+    """The keyword arguments GPU MODE's usual eval.py passes to generate_input for one task.yml spec: integers as
+    int, every other value as the string it was written as (True -> "True", False -> "False": both truthy)."""
+    return code.SpecParser().parse(spec, where)
 
 
 def _read_yaml(path: Path) -> dict:
@@ -151,63 +178,78 @@ def _specs(raw: dict, key: str, path: Path) -> list[dict]:
     return specs
 
 
-def _number(node: ast.expr, where: str) -> float:
+def _parse(path: Path) -> ast.Module:
     try:
-        value = ast.literal_eval(node)
-    except ValueError:
-        value = None
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TaskError(f"{where}: the tolerance must be a number literal")
-    return float(value)
-
-
-def _default_tolerance(problem: Path) -> dict[str, float]:
-    """match_reference's rtol/atol defaults in the problem's utils.py, where it has one."""
-    tol = dict(DEFAULT_TOLERANCE)
-    utils = problem / "utils.py"
-    if not utils.is_file():
-        return tol
-    try:
-        tree = ast.parse(utils.read_text())
-    except SyntaxError:
-        return tol
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == "match_reference":
-            args = node.args.args[len(node.args.args) - len(node.args.defaults):]
-            for arg, default in zip(args, node.args.defaults):
-                if arg.arg in tol:
-                    tol[arg.arg] = _number(default, f"{utils}: match_reference's {arg.arg}")
-    return tol
-
-
-def tolerance(problem: Path) -> dict[str, float]:
-    """atol/rtol of ``check_implementation = make_match_reference(ref_kernel, rtol=..., atol=...)``."""
-    path = problem / "reference.py"
-    try:
-        tree = ast.parse(path.read_text(), filename=str(path))
+        return ast.parse(path.read_text(), filename=str(path))
     except SyntaxError as e:
         raise TaskError(f"{path} is not valid Python: {e.msg} (line {e.lineno})") from None
-    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def problem_files(problem: Path, raw: dict, yml: Path) -> tuple[list[tuple[Path, str]], Path | None]:
+    """([(source, destination name)] of the problem's files but the submission and eval.py, eval.py's source), read
+    as GPU MODE's runner reads ``files``: the source relative to the folder of task.yml, wherever it leads (shared
+    helpers sit one or two folders up), the destination a relative name that stays inside the staging folder."""
+    main = (raw.get("config") or {}).get("main", "eval.py")
+    copies, evaluator = [], None
+    entries = raw.get("files") or []
+    if not isinstance(entries, list):
+        raise TaskError(f"{yml}: 'files' must be a list of {{name, source}} entries")
+    for entry in entries:
+        if not (isinstance(entry, dict)
+                and all(isinstance(entry.get(k), str) and entry[k] for k in ("name", "source"))):
+            raise TaskError(f"{yml}: every entry of 'files' needs a name and a source, got {entry!r}")
+        name, source = entry["name"], entry["source"]
+        dest = PurePosixPath(name)
+        if dest.is_absolute() or ".." in dest.parts or name.startswith("\\") or "\\" in name:
+            raise TaskError(f"{yml}: files names the destination {name!r}, which leaves the folder the files are "
+                            "staged in (GPU MODE's runner refuses it too)")
+        if source == SUBMISSION_SOURCE:
+            continue
+        path = (problem / source).resolve()
+        if not path.is_file():
+            raise TaskError(f"{yml}: files takes {name} from {source!r}, relative to task.yml's folder, and {path} "
+                            "is not a file (a checkout of the whole repository has it)")
+        if name == main:
+            evaluator = path
+            continue
+        copies.append((path, str(dest)))
+    if "reference.py" not in {n for _, n in copies}:
+        copies.append((problem / "reference.py", "reference.py"))
+    return copies, evaluator
+
+
+def _template(problem: Path, raw: dict) -> tuple[Path | None, ast.Module | None]:
+    """The template submission that becomes the seed (a Python one defining custom_kernel), and its tree."""
+    templates = raw.get("templates") or {}
+    if not isinstance(templates, dict):
+        return None, None
+    keys = [k for k in TEMPLATE_KEYS if k in templates] + [k for k in templates if k not in TEMPLATE_KEYS]
+    for key in keys:
+        path = problem / str(templates[key])
+        if not (path.suffix == ".py" and path.is_file()):
+            continue
+        try:
+            tree = ast.parse(path.read_text())
+        except SyntaxError:
+            continue  # a sketch to fill in (Helion's), not a submission
+        if any(isinstance(n, ast.FunctionDef) and n.name == "custom_kernel" for n in tree.body):
+            return path, tree
+    return None, None
+
+
+def _interface(tree: ast.Module, path: Path) -> None:
+    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
     missing = [n for n in ("ref_kernel", "generate_input") if n not in defined]
     if missing:
-        raise TaskError(f"{path} is not a GPU MODE reference: it does not define {', '.join(missing)}")
-    if "check_implementation" in defined:
-        raise TaskError(f"{path} defines its own check_implementation; ksearch compares outputs elementwise (atol, "
-                        "rtol), which only problems that use make_match_reference(ref_kernel, rtol=, atol=) state")
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "check_implementation"
-                                                for t in node.targets):
-            call = node.value
-            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "make_match_reference":
-                tol = _default_tolerance(problem)
-                for kw in call.keywords:
-                    if kw.arg in tol:
-                        tol[kw.arg] = _number(kw.value, f"{path}: make_match_reference's {kw.arg}")
-                return tol
-    raise TaskError(f"{path} does not set check_implementation = make_match_reference(ref_kernel, ...)")
+        others = f" (it defines {', '.join(defined[:8])})" if defined else ""
+        raise TaskError(f"{path} is not a GPU MODE reference of the custom_kernel(data) kind: it does not define "
+                        f"{' and '.join(missing)}{others}; a problem with another interface is judged only by its "
+                        "own eval.py, which ksearch does not run")
 
 
 def _name_part(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "x".join(_name_part(v) for v in value)
     return re.sub(r"[^A-Za-z0-9.]", "", str(value))
 
 
@@ -216,7 +258,20 @@ def workload_name(kind: str, index: int, args: dict) -> str:
     return "-".join([kind, f"{index:02d}"] + [f"{k}{_name_part(v)}" for k, v in args.items() if k != "seed"])
 
 
-def _spec_markdown(name: str, problem: Path, raw: dict, tol: dict, workloads: list[dict], args: ArgsMode) -> str:
+def tolerance(problem: Path) -> dict[str, float]:
+    """atol/rtol of ``check_implementation = make_match_reference(ref_kernel, rtol=..., atol=...)``; TaskError for a
+    problem with its own check_implementation (materialise_gpumode runs that one as it is)."""
+    path = problem / "reference.py"
+    utils = problem / "utils.py"
+    kind, tol = code.checker(_parse(path), str(path), utils.read_text() if utils.is_file() else None,
+                             DEFAULT_TOLERANCE)
+    if kind != "match_reference":
+        raise TaskError(f"{path} defines its own check_implementation (not make_match_reference)")
+    return tol
+
+
+def _spec_markdown(name: str, problem: Path, raw: dict, tol: dict | None, workloads: list[dict], args: ArgsMode,
+                   parser: code.SpecParser, writable: list[str], requires: dict, on_device: bool) -> str:
     description = str(raw.get("description") or "").strip()
     sources = []
     for rel in ("reference.py", "task.py"):
@@ -224,12 +279,28 @@ def _spec_markdown(name: str, problem: Path, raw: dict, tol: dict, workloads: li
             sources.append(f"### {rel}\n\n```python\n{(problem / rel).read_text().rstrip()}\n```\n")
     rows = "\n".join(f"- `{w['name']}`{'' if w['timed'] else ' (correctness only)'}: "
                      f"`generate_input(**{w['params']!r})`" for w in workloads)
-    quirk = ("The arguments are exactly those GPU MODE's eval.py passes: integers as int, every other value as the "
-             "string written in task.yml, so `False` arrives as the string \"False\", which is truthy."
-             if args == "upstream" else "The arguments are task.yml's values as YAML types them.")
+    quirk = ("The arguments are exactly those the problem's eval.py passes: integers as int"
+             + (", bracketed lists of integers as tuples" if parser.tuples else "")
+             + ", every other value as the string written in task.yml, so `False` arrives as the string \"False\", "
+             "which is truthy." if args == "upstream" else "The arguments are task.yml's values as YAML types them.")
+    if tol is not None:
+        checked = (f"The output must match `ref_kernel(data)` within atol={tol['atol']:g}, rtol={tol['rtol']:g} "
+                   "elementwise (|out - ref| <= atol + rtol * |ref|), values compared in float32: the output's dtype "
+                   "is not checked. NaN/Inf must sit where the reference has them.")
+    else:
+        checked = ("The output is checked by the problem's own `check_implementation(data, output)` below (shown in "
+                   "reference.py), exactly as GPU MODE checks it; its message is what you see when it fails.")
+    buffers = ""
+    if writable:
+        buffers = (f" The inputs {', '.join(f'`{w}`' for w in writable)} are output buffers: write into them (or "
+                   "not) as you like; where GPU MODE allocates them with `torch.empty` they arrive filled with NaN "
+                   "(integers: -1), so do not rely on their content.")
+    machine = f"\n\nThis problem needs: {requires['why']}." if requires.get("why") else ""
+    sampled = (" `torch.distributions` draws in generate_input run on the GPU here (GPU MODE draws them on the CPU): "
+               "the same distribution, other values." if on_device else "")
     return f"""# GPU MODE: {name}
 
-{description}
+{description}{machine}
 
 ## Task
 
@@ -239,11 +310,9 @@ MODE, the problem's `task.py` (and its other helpers) can be imported: `from tas
 How it is checked:
 1. `data = generate_input(**args)` for every workload below, on the GPU. {quirk} The first input set of every
    workload uses the seed given there (GPU MODE's own inputs); further input sets and every timed call use hidden
-   seeds, fresh inputs for every call.
-2. The output must match `ref_kernel(data)` within atol={tol['atol']:g}, rtol={tol['rtol']:g} elementwise
-   (|out - ref| <= atol + rtol * |ref|), values compared in float32: the output's dtype is not checked. NaN/Inf
-   must sit where the reference has them. The inputs must come back unchanged (adding a key to a dict is allowed
-   but useless: every timed call gets new inputs).
+   seeds, fresh inputs for every call.{sampled}
+2. {checked} The inputs must come back unchanged (adding a key to a dict is allowed but useless: every timed call
+   gets new inputs).{buffers}
 3. The benchmark workloads are timed end to end: the call's own launches and host work count, as on GPU MODE.
    The score is the geometric mean speedup over `ref_kernel`.
 
@@ -266,16 +335,32 @@ def materialise_gpumode(problem: str | Path, out_dir: str | Path, *, args: ArgsM
     raw = _read_yaml(yml)
     if raw.get("lang", "py") != "py":
         raise TaskError(f"{yml}: lang '{raw.get('lang')}' problems (CUDA sources) are not supported; only 'py'")
-    if raw.get("multi_gpu"):
-        raise TaskError(f"{yml}: multi-GPU problems are not supported")
-    tol = tolerance(problem)
     tests, benchmarks = _specs(raw, "tests", yml), _specs(raw, "benchmarks", yml)
+    if raw.get("multi_gpu"):
+        sizes = sorted({s.get("world_size") for s in tests + benchmarks if isinstance(s.get("world_size"), int)})
+        on = f" (its specs run on {', '.join(map(str, sizes))} GPUs)" if sizes else ""
+        raise TaskError(f"{yml}: a multi-GPU problem{on}; ksearch evaluates a candidate in one process on one GPU, "
+                        "so multi-GPU problems are not supported")
+    reference_tree = _parse(problem / "reference.py")
+    _interface(reference_tree, problem / "reference.py")
     if not benchmarks:
         raise TaskError(f"{yml} has no benchmarks: nothing to time")
+    copies, evaluator = problem_files(problem, raw, yml)
+    by_name = {target: source for source, target in copies}
+    parser = code.spec_parser(evaluator.read_text() if evaluator else None, "eval.py")
+    utils = by_name.get("utils.py")
+    kind, tol = code.checker(reference_tree, str(problem / "reference.py"),
+                             utils.read_text() if utils else None, DEFAULT_TOLERANCE)
+    template, template_tree = _template(problem, raw)
+    writable, undefined = code.output_buffers(reference_tree, template_tree)
+    trees = {target: reference_tree if target == "reference.py" else _parse(source)
+             for source, target in copies if target.endswith(".py")}
+    requires = code.requirements(trees)
+    on_device = code.samples_on_cpu(reference_tree)
     ranked = benchmarks[-1:] if raw.get("ranking_by", "last") == "last" else benchmarks
 
     def parsed(spec: dict, where: str) -> dict:
-        return upstream_args(spec, where) if args == "upstream" else dict(spec)
+        return parser.parse(spec, where) if args == "upstream" else dict(spec)
 
     workloads = [{"name": workload_name("test", i, a), "params": a, "timed": False}
                  for i, a in enumerate(parsed(s, f"{yml}: tests[{i}]") for i, s in enumerate(tests))]
@@ -283,25 +368,9 @@ def materialise_gpumode(problem: str | Path, out_dir: str | Path, *, args: ArgsM
         a = parsed(spec, f"{yml}: benchmarks[{i}]")
         workloads.append({"name": workload_name("bench", i, a), "params": a, "timed": any(spec is r for r in ranked)})
 
-    main = (raw.get("config") or {}).get("main", "eval.py")
-    copies = []
-    for entry in raw.get("files") or []:
-        if not (isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("name", "source"))):
-            raise TaskError(f"{yml}: every entry of 'files' needs a name and a source")
-        if entry["source"] == SUBMISSION_SOURCE or entry["name"] == main:
-            continue
-        source = (problem / entry["source"]).resolve()
-        if not source.is_file() or problem not in source.parents:
-            raise TaskError(f"{yml}: files names {entry['source']}, which is not a file of {problem}")
-        copies.append((source, entry["name"]))
-    if "reference.py" not in {n for _, n in copies}:
-        copies.append((problem / "reference.py", "reference.py"))
-    templates = raw.get("templates") or {}
-    template = next((problem / t for t in templates.values() if isinstance(t, str) and t.endswith(".py")
-                     and (problem / t).is_file()), None)
-
     name = name or re.sub(r"[^A-Za-z0-9_.-]", "_", problem.name)
     description = str(raw.get("description") or "").strip().splitlines()
+    writable_paths = [code.path_text(p) for p in writable]
     spec = {
         "name": name,
         "description": f"GPU MODE {name}: {description[0] if description else 'a reference-kernels problem'}",
@@ -311,7 +380,7 @@ def materialise_gpumode(problem: str | Path, out_dir: str | Path, *, args: ArgsM
         "language": "triton",
         "allowed_languages": ["triton", "pytorch"],
         "solution_file": SOLUTION_FILE,
-        "tolerance": tol,
+        "tolerance": tol or dict(DEFAULT_TOLERANCE),
         "workloads": workloads,
         "feedback_workloads": [w["name"] for w in workloads if w["timed"]],
         "correctness_seeds": 2,
@@ -319,6 +388,12 @@ def materialise_gpumode(problem: str | Path, out_dir: str | Path, *, args: ArgsM
         "compare_dtype": "float32",
         "input_source": "gpumode",
     }
+    if kind == "own":
+        spec["check"] = {"module": "reference.py", "function": "check_implementation"}
+    if writable_paths:
+        spec["writable_inputs"] = writable_paths
+    if requires:
+        spec["requires"] = requires
     if template is not None:
         spec["seed_solution"] = SEED_FILE
     out = Path(out_dir)
@@ -331,6 +406,9 @@ def materialise_gpumode(problem: str | Path, out_dir: str | Path, *, args: ArgsM
     if template is not None:
         shutil.copyfile(template, out / SEED_FILE)
     (out / "task.json").write_text(json.dumps(spec, indent=2) + "\n")
-    (out / "spec.md").write_text(_spec_markdown(name, problem, raw, tol, workloads, args))
-    (out / "reference.py").write_text(_REFERENCE.format(name=name, source=problem, subdir=PROBLEM_SUBDIR))
+    (out / "spec.md").write_text(_spec_markdown(name, problem, raw, tol if kind == "match_reference" else None,
+                                                workloads, args, parser, writable_paths, requires, on_device))
+    (out / "reference.py").write_text(_REFERENCE.format(
+        name=name, source=problem, subdir=PROBLEM_SUBDIR, undefined=[list(p) for p in undefined],
+        on_device=on_device, check=_OWN_CHECK if kind == "own" else ""))
     return out

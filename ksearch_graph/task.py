@@ -17,7 +17,11 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from .harness.requirements import parse_requires
+from .harness.task_checks import parse_check
+from .harness.writable import parse_writable
 
 # triton / pytorch / cupy: a Python file (``solution_file``) defining the entry point (cupy: CUDA C++ compiled by
 # NVRTC through ``cupy.RawModule``). cuda: CUDA C++ built as a torch extension from ``kernel.cu`` (+ ``kernel.h``,
@@ -57,6 +61,38 @@ class Workload(BaseModel):
     timed: bool = True
     # Declared work for the speed-of-light floor; None: the reference's speed_of_light(params), else derived.
     work: WorkloadWork | None = None
+
+
+class CheckSpec(BaseModel):
+    """The task's own correctness check (GPU MODE's check_implementation): ``function(*inputs, output)`` in the task
+    folder's ``module``, run by the judge instead of the elementwise comparison (harness/task_checks.py)."""
+
+    model_config = {"extra": "forbid"}
+
+    module: str
+    function: str
+
+    @model_validator(mode="after")
+    def _valid(self) -> "CheckSpec":
+        parse_check(self.model_dump(), "task.json")
+        return self
+
+
+class Requirements(BaseModel):
+    """What the machine needs to run the task (harness/requirements.py); unmet, an evaluation is ``unavailable``."""
+
+    model_config = {"extra": "forbid"}
+
+    device: Literal["cuda", "cpu"] | None = None
+    rocm: bool | None = None
+    compute_capability: tuple[int, int] | None = None
+    python_modules: list[str] | None = None
+    why: str | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> "Requirements":
+        parse_requires(self.model_dump(exclude_none=True, mode="json"), "task.json")
+        return self
 
 
 class TemplateParameter(BaseModel):
@@ -129,6 +165,17 @@ class TaskSpec(BaseModel):
     # gpumode: the first correctness input set of each workload is drawn from the problem's own public seed (make_inputs
     # gets seed 0), the others and every timed call from hidden seeds. Tasks made by ksearch_graph.gpumode.
     input_source: Literal["task", "gpumode"] = "task"
+    # The task's own check instead of the elementwise comparison with the reference (GPU MODE's check_implementation).
+    check: CheckSpec | None = None
+    # Inputs that are output buffers: written by the reference and by candidates, so not checked unchanged.
+    writable_inputs: list[str] = []
+    # What the machine needs (a GPU, ROCm, a compute capability, Python modules); unmet: ``unavailable``.
+    requires: Requirements = Requirements()
+
+    @field_validator("writable_inputs")
+    @classmethod
+    def _input_paths(cls, v: list[str]) -> list[str]:
+        return parse_writable(v, "task.json")
 
 
 class Task(BaseModel):

@@ -174,7 +174,6 @@ def test_malformed_definition_names_file_and_field(tmp_path, change, message):
      r"jsonl:2 is not a valid workload:\n  inputs\.eps\.scalar\.value"),
     (0, lambda w: w["inputs"].update(bias={"type": "random"}), r"jsonl:1: inputs\.bias is not an input of rmsnorm_h64"),
     (2, lambda w: w["inputs"]["weight"].update(tensor_key="w"), r"jsonl:3: inputs\.weight\.tensor_key 'w' is not in"),
-    (2, lambda w: w["inputs"]["weight"].update(path="blob/missing.safetensors"), r"jsonl:3: inputs\.weight\.path"),
     (2, lambda w: w["axes"].update(batch_size=15), r"jsonl:3: inputs\.hidden_states in .* has shape \[16, 64\]"),
     (0, lambda w: w.pop("uuid"), r"jsonl:1 is not a valid workload:\n  uuid: Field required"),
 ])
@@ -202,6 +201,36 @@ def test_missing_workloads_and_broken_json(tmp_path):
     path.write_text("{not json")
     with pytest.raises(TaskError, match="is not valid JSON"):
         materialise_definition(path, tmp_path / "t4")
+
+
+def test_missing_blob_files_are_named_with_how_to_fetch_them(tmp_path):
+    root = _dataset_copy(tmp_path)
+    blob = next((root / "blob").rglob("*.safetensors"))
+    blob.write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 1\n")  # a clone without LFS
+    _edit_workload(root, 1, lambda w: w["inputs"].update(
+        weight={"type": "safetensors", "path": "./blob/workloads/rmsnorm/other/w.safetensors", "tensor_key": "w"}))
+    with pytest.raises(TaskError) as e:
+        materialise_definition(root / "definitions" / "rmsnorm" / "rmsnorm_h64.json", tmp_path / "task")
+    message = str(e.value)
+    assert message.startswith(f"2 input files of definition 'rmsnorm_h64' are missing from the dataset at {root} "
+                              "(1 of them Git LFS pointers, not the files): blob/workloads/rmsnorm/other/w.safetensors,"
+                              f" {blob.relative_to(root)}.")
+    assert "git lfs pull --include blob/workloads/rmsnorm/other,blob/workloads/rmsnorm/rmsnorm_h64" in message
+    assert (f"huggingface-cli download flashinfer-ai/flashinfer-trace --repo-type dataset --local-dir {root} "
+            "--include 'blob/workloads/rmsnorm/other/*' 'blob/workloads/rmsnorm/rmsnorm_h64/*'") in message
+
+
+def test_constraints_null_and_a_cuda_solution(tmp_path):
+    """flashinfer-bench 0.1.1 wrote "constraints": null; a CUDA solution in the dataset makes CUDA candidates
+    acceptable, and the task stays a Triton task (a CPU machine can still evaluate it)."""
+    root = _dataset_copy(tmp_path)
+    path = _edit_definition(root, lambda d: d.update(constraints=None))
+    (root / "solutions" / "rmsnorm").mkdir(parents=True)
+    (root / "solutions" / "rmsnorm" / "cuda.json").write_text(json.dumps(
+        {"name": "x", "definition": "rmsnorm_h64", "spec": {"language": "cuda"}}))
+    s = load_task(materialise_definition(path, tmp_path / "task")).spec
+    assert (s.language, s.allowed_languages) == ("triton", ["triton", "pytorch", "cuda"])
+    assert "## Constraints" not in load_task(tmp_path / "task").spec_text
 
 
 def test_feedback_workloads_are_spread_over_sizes(tmp_path):

@@ -30,7 +30,7 @@ def test_upstream_parser_keeps_false_as_a_truthy_string():
     assert upstream_args(spec, "t") == {"seqlen": 32, "seed": -7, "nomask": "False", "nobias": "True",
                                         "distribution": "normal"}
     for bad in ({"hidden_dim": 128}, {"scale": 0.5}, {"name": "two words"}):
-        with pytest.raises(TaskError, match="upstream's eval.py rejects"):
+        with pytest.raises(TaskError, match="the problem's eval.py rejects"):
             upstream_args(bad, "t")
 
 
@@ -68,9 +68,8 @@ def test_malformed_problems_say_what_is_wrong(tmp_path):
 
     base = "def ref_kernel(d): pass\ndef generate_input(m, seed): pass\n"
     cases = [
-        (problem(base + "def check_implementation(d, o): pass\n"), "defines its own check_implementation"),
         (problem("def ref_kernel(d): pass\n"), "does not define generate_input"),
-        (problem(base), "does not set check_implementation"),
+        (problem(base), "defines no check_implementation"),
         (problem(base + "check_implementation = make_match_reference(ref_kernel)\n", "tests: []\n"), "no benchmarks"),
         (problem(base + "check_implementation = make_match_reference(ref_kernel)\n",
                  "benchmarks:\n  - {\"hidden_dim\": 1}\n"), "rejects the spec part 'hidden_dim: 1'"),
@@ -228,6 +227,14 @@ def test_side_by_side_writes_and_reads_upstreams_formats():
                       "check": "pass"}
 
 
+def test_side_by_side_starts_no_timed_step_past_its_deadline(tmp_path):
+    import time
+
+    tool = _side_by_side()
+    runs = tool.upstream_benchmarks(tmp_path, "eval.py", 3, "benchmark", 60, "x", time.monotonic() + 30)
+    assert runs == ["not run: another 60 s would pass the deadline"]
+
+
 @pytest.mark.slow
 def test_side_by_side_runs_both_evaluators_on_our_problem(tmp_path):
     """The whole script on CPU, with this test problem's own small eval.py standing in for GPU MODE's."""
@@ -267,3 +274,154 @@ def test_end_to_end_timing_counts_the_calls_host_time(tmp_path, timing):
         assert min(latencies) >= 280, latencies
     else:
         assert max(latencies) < 150, latencies
+
+
+# ---- problems laid out as upstream's competitions: shared files one folder up (tests/data/gpumode/family) ----------
+
+FAMILY = REPO / "tests" / "data" / "gpumode" / "family"
+
+
+def judge_call(folder: Path, submission: str, workload: int = 0, seed: int = 0):
+    """What the judge does with one call of a materialised problem, in this process: its inputs, the candidate's call
+    on its own inputs, then the task's check (or the elementwise comparison) and the unchanged-inputs check with the
+    writable inputs left out. Returns (status, message, the judge's inputs after the check)."""
+    from ksearch_graph.harness.compare import compare, same
+    from ksearch_graph.harness.task_checks import run_check
+    from ksearch_graph.harness.tasks import load_module, read_task
+    from ksearch_graph.harness.tensors import as_tensors, clone
+    from ksearch_graph.harness.writable import without_writable, writable_paths
+
+    task = read_task(str(folder), None)
+    ref = load_module("ksearch_reference", str(folder / task["reference"]))
+    w = task["workloads"][workload]
+    pristine = ref.make_inputs(w["params"], seed, "cpu")
+    expected = as_tensors(ref.reference(*clone(pristine)))
+    mine = ref.make_inputs(w["params"], seed, "cpu")  # the candidate's process makes its own
+    namespace: dict = {}
+    exec(submission, namespace)
+    out = namespace["custom_kernel"](*mine)
+    out = out.clone() if isinstance(out, torch.Tensor) else type(out).__name__
+    paths = writable_paths(task)
+    if not same(without_writable(pristine, paths), without_writable(mine, paths)):
+        return "suspicious", "the candidate wrote into its input tensors", pristine
+    if task["check"]:
+        status, message = run_check(str(folder), task, pristine, out, expected)
+    else:
+        status, message, *_ = compare(out, expected, task["tolerance"], task["compare_dtype"])
+    return status, message, pristine
+
+
+import torch  # noqa: E402  (the family's tests drive tensors directly)
+
+
+def test_files_are_read_as_gpu_modes_runner_reads_them(tmp_path):
+    """Sources relative to task.yml's folder, shared ones one folder up; the destination name must stay inside."""
+    folder = materialise_gpumode(FAMILY / "buffers", tmp_path / "task")
+    assert (folder / "gpumode" / "utils.py").read_text() == (FAMILY / "utils.py").read_text()
+    assert sorted(p.name for p in (folder / "gpumode").iterdir()) == ["reference.py", "task.py", "task.yml",
+                                                                      "utils.py"]
+    assert (folder / "seed_submission.py").read_text() == (FAMILY / "template.py").read_text()
+    problem = tmp_path / "copy" / "buffers"
+    problem.parent.mkdir()
+    (problem.parent / "utils.py").write_text((FAMILY / "utils.py").read_text())
+    problem.mkdir()
+    for name in ("task.py", "reference.py"):
+        (problem / name).write_text((FAMILY / "buffers" / name).read_text())
+    yml = (FAMILY / "buffers" / "task.yml").read_text()
+    for files, message in (('"name": "../utils.py", "source": "../utils.py"', "leaves the folder"),
+                           ('"name": "/tmp/utils.py", "source": "../utils.py"', "leaves the folder"),
+                           ('"name": "utils.py", "source": "../../utils.py"', r"is not a file \(a checkout")):
+        (problem / "task.yml").write_text(yml.replace('"name": "utils.py", "source": "../utils.py"', files))
+        with pytest.raises(TaskError, match=message):
+            materialise_gpumode(problem, tmp_path / "out")
+
+
+def test_output_buffers_may_be_written_and_arrive_poisoned(tmp_path):
+    folder = materialise_gpumode(FAMILY / "buffers", tmp_path / "task")
+    spec = load_task(folder).spec
+    assert spec.writable_inputs == ["inputs[0][2]"] and spec.check is None
+    assert "are output buffers" in load_task(folder).spec_text
+    fills = "def custom_kernel(data):\n    a, b, out = data\n    out[...] = a + b\n    return out\n"
+    status, _, pristine = judge_call(folder, fills)
+    assert status is None and torch.isnan(pristine[0][2]).all()  # torch.empty upstream: NaN here, in both processes
+    assert judge_call(folder, "def custom_kernel(data):\n    *_, out = data\n    return out\n")[0] \
+        == "incorrect_numerical"  # the template: the buffer untouched
+    writes_a = "def custom_kernel(data):\n    a, b, out = data\n    a.add_(b)\n    return a.clone()\n"
+    assert judge_call(folder, writes_a)[0] == "suspicious"
+
+
+def test_a_problems_own_check_judges_the_output(tmp_path):
+    folder = materialise_gpumode(FAMILY / "prefix", tmp_path / "task")
+    spec = load_task(folder).spec
+    assert spec.check.model_dump() == {"module": "reference.py", "function": "check_implementation"}
+    assert spec.writable_inputs == ["inputs[0][1]"] and "own `check_implementation" in load_task(folder).spec_text
+    exact = ("import torch\ndef custom_kernel(data):\n    x, out = data\n"
+             "    return torch.cumsum(x.double(), 0).float()\n")
+    assert judge_call(folder, exact, workload=1)[:2] == (None, "")
+    # 1e-4 off: outside 1e-5 * sqrt(10) on the small test, inside 1e-5 * sqrt(4096) on the large one
+    off = exact.replace(".float()\n", ".float() * (1 + 1e-4)\n")
+    status, message, _ = judge_call(folder, off, workload=0)
+    assert status == "incorrect_numerical" and message.startswith("Number of mismatched elements")
+    assert judge_call(folder, off, workload=1)[0] is None
+    assert judge_call(folder, "def custom_kernel(data):\n    return {}\n")[0] == "incorrect_shape"
+
+
+def test_list_valued_specs_are_parsed_as_the_problems_eval_py_parses_them(tmp_path):
+    folder = materialise_gpumode(FAMILY / "grouped", tmp_path / "task")
+    spec = load_task(folder).spec
+    assert [(w.name, w.params) for w in spec.workloads] == [
+        ("test-00-m4x8-k16", {"m": [4, 8], "k": 16, "seed": 6}),
+        ("bench-00-m32x16x8-k32", {"m": [32, 16, 8], "k": 32, "seed": 7})]
+    ok = "import torch\ndef custom_kernel(data):\n    xs, w = data\n    return torch.cat([x @ w for x in xs])\n"
+    assert judge_call(folder, ok, workload=1)[0] is None  # generate_input asserts it got a tuple
+
+
+def test_multi_gpu_and_other_interfaces_are_refused_with_the_reason(tmp_path):
+    with pytest.raises(TaskError, match=r"a multi-GPU problem \(its specs run on 4, 8 GPUs\); ksearch evaluates a "
+                                        r"candidate in one process on one GPU"):
+        materialise_gpumode(FAMILY / "multi", tmp_path / "m")
+    with pytest.raises(TaskError, match=r"does not define ref_kernel and generate_input \(it defines "
+                                        r"reference_forward, reference_backward, generate_inputs\)"):
+        materialise_gpumode(FAMILY / "other", tmp_path / "o")
+
+
+def test_a_problem_that_needs_a_gpu_is_unavailable_here(tmp_path):
+    from ksearch_graph.harness.requirements import unmet_requirement
+    from ksearch_graph.harness.tasks import read_task
+
+    folder = materialise_gpumode(FAMILY / "cuda_only", tmp_path / "task")
+    assert load_task(folder).spec.requires.device == "cuda"
+    why = unmet_requirement(read_task(str(folder), None), "cpu")
+    assert why == ('this task needs a GPU and this machine has none (its generate_input makes its tensors on '
+                   '"cuda")')
+    assert unmet_requirement(read_task(str(materialise_gpumode(FAMILY / "buffers", tmp_path / "b")), None),
+                             "cpu") is None
+
+
+def test_cpu_side_distributions_are_sampled_on_the_evaluation_device(tmp_path):
+    """TriMul draws its Cauchy input from torch.distributions on the CPU (seconds per call at its sizes, in both
+    processes, for every timed call): the task draws it on the device the harness asks for."""
+    from ksearch_graph.harness.tasks import load_module
+
+    problem = tmp_path / "cauchy"
+    problem.mkdir()
+    for shared in ("utils.py", "eval.py"):
+        (tmp_path / shared).write_text((FAMILY / shared).read_text())
+    (problem / "task.yml").write_text((FAMILY / "cuda_only" / "task.yml").read_text())
+    (problem / "reference.py").write_text(
+        "import torch\nfrom utils import device, make_match_reference\n\n\ndef ref_kernel(data):\n    return data * 2\n"
+        "\n\ndef generate_input(size, seed):\n    x = torch.distributions.Cauchy(0, 2).sample((size,))\n"
+        "    return x + torch.zeros(size, device=x.device)\n\n\n"
+        "check_implementation = make_match_reference(ref_kernel)\n")
+    folder = materialise_gpumode(problem, tmp_path / "task")
+    assert "the same distribution, other values" in load_task(folder).spec_text
+    ref = load_module("ksearch_cauchy_reference", str(folder / "reference.py"))
+    assert ref._SAMPLE_ON_DEVICE is True
+    torch.distributions.Distribution.set_default_validate_args(False)  # validation reads values
+    try:
+        (x,) = ref.make_inputs({"size": 8, "seed": 1}, 5, "meta")
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(True)
+    assert x.device.type == "meta"  # drawn where the harness asked, not on the CPU
+    assert torch.equal(ref.make_inputs({"size": 8, "seed": 1}, 5, "cpu")[0],
+                       ref.make_inputs({"size": 8, "seed": 1}, 5, "cpu")[0])

@@ -11,6 +11,9 @@ import platform
 import sys
 
 from ._torch import load_torch
+from .requirements import parse_requires
+from .task_checks import parse_check
+from .writable import parse_writable
 
 
 def load_module(name: str, path: str):
@@ -54,6 +57,10 @@ def read_task(task_dir: str, only: list[str] | None) -> dict:
     task.setdefault("timing", "device")  # or "end_to_end" (Timer.end_to_end)
     task.setdefault("compare_dtype", None)  # e.g. "float32" (compare.compare's as_dtype)
     task.setdefault("input_source", "task")  # or "gpumode" (Judge.correctness_seed)
+    where = os.path.join(task_dir, "task.json")
+    task["check"] = parse_check(task.get("check"), where)  # the task's own check (task_checks.run_check) or None
+    task["writable_inputs"] = parse_writable(task.get("writable_inputs"), where)  # output buffers (writable.py)
+    task["requires"] = parse_requires(task.get("requires"), where)  # what the machine needs (requirements.py)
     task["tolerance"] = {"atol": 1e-5, "rtol": 1e-5, "matched_ratio": 1.0} | task.get("tolerance", {})
     for w in task["workloads"]:
         w.setdefault("timed", True)
