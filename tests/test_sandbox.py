@@ -77,6 +77,23 @@ def test_the_command_isolates_everything_and_binds_only_what_the_candidate_needs
     assert cmd[-2:] == ["python", "runner.py"]
 
 
+def test_a_compiler_outside_usr_and_an_environment_under_tmp_stay_visible(tmp_path):
+    """CC naming a compiler in its own installation (a GPU host's /opt/gcc/bin/gcc: Triton builds its launchers with
+    it) is bound read-only, the installation above bin/; binds under /tmp come after the private /tmp, which would
+    hide them."""
+    gcc = tmp_path / "opt-gcc" / "bin" / "gcc"
+    gcc.parent.mkdir(parents=True)
+    gcc.write_text("")
+    box = sandbox.Sandbox("bwrap")
+    box.bwrap = "/usr/bin/bwrap"
+    cmd, _ = box.command(["python"], candidate=str(tmp_path / "c"), cache=str(tmp_path / "k"),
+                         env={"PATH": "/usr/bin", "CC": str(gcc)}, extra_env={})
+    binds = [(cmd[i], cmd[i + 1]) for i in range(len(cmd) - 1) if cmd[i] in ("--ro-bind", "--bind", "--tmpfs")]
+    assert ("--ro-bind", str(tmp_path / "opt-gcc")) in binds
+    tmpfs = binds.index(("--tmpfs", "/tmp"))
+    assert all(i > tmpfs for i, (_, src) in enumerate(binds) if src.startswith("/tmp/"))
+
+
 def test_without_bubblewrap_the_evaluator_refuses_with_the_install_hint(monkeypatch):
     monkeypatch.setenv(sandbox.BWRAP_ENV, "/nonexistent/bwrap")
     reason = sandbox.unavailable_reason.__wrapped__()

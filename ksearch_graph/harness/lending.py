@@ -97,6 +97,8 @@ def lend(inputs) -> tuple[list, list[list], list[Region]]:
     try:
         for index, offset, tensor, strides in layout.copies:
             regions[index].view(offset, tensor.dtype, tuple(tensor.shape), strides).copy_(tensor)
+        if "cuda" in layout.devices:  # the copies run on this process's stream: done before another process reads
+            load_torch().cuda.synchronize()
     except BaseException:
         for r in regions:
             r.close()

@@ -18,6 +18,7 @@ in any order, ``Exit``.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import os
 import socket
@@ -360,6 +361,7 @@ def main() -> None:
     p.add_argument("--config", required=True)
     args = p.parse_args()
     cfg = json.loads(args.config)
+    faulthandler.enable()  # a crash in the candidate's native code leaves its Python stack in the log
     if cfg.get("sandboxed"):  # bubblewrap ties us to the judge and gave us no network
         network = "yes (sandbox)"
     else:

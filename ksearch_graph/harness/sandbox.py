@@ -136,7 +136,8 @@ class Sandbox:
         # The private /tmp first: a mount made before it would be hidden beneath it (a venv under /tmp).
         cmd += ["--ro-bind", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
                 "--tmpfs", "/tmp", "--dir", HOME]
-        for path in python_paths() + [p for p in ro_paths if os.path.exists(p)] + _cuda_home(env):
+        tools = _cuda_home(env) + _compiler_homes(env)
+        for path in python_paths() + [p for p in ro_paths if os.path.exists(p)] + tools:
             cmd += ["--ro-bind", path, path]
         for path in _library_dirs(env):
             cmd += ["--ro-bind-try", path, path]
@@ -164,6 +165,20 @@ def _cuda_home(env: dict[str, str]) -> list[str]:
     """A CUDA toolkit outside /usr (CUDA_HOME or CUDA_PATH), for torch extension builds."""
     return [p for p in {env.get("CUDA_HOME"), env.get("CUDA_PATH")}
             if p and os.path.isdir(p) and not _under_system(os.path.abspath(p))]
+
+
+def _compiler_homes(env: dict[str, str]) -> list[str]:
+    """A C/C++ compiler outside /usr named by CC or CXX (Triton builds its launchers with CC): its installation, the
+    folder above its bin/ (headers, libexec and libraries live beside it), else its own folder."""
+    homes = set()
+    for name in ("CC", "CXX"):
+        path = env.get(name, "")
+        if os.path.isabs(path) and os.path.exists(path):
+            folder = os.path.dirname(os.path.realpath(path))
+            home = os.path.dirname(folder) if os.path.basename(folder) == "bin" else folder
+            if home != "/" and not _under_system(home):
+                homes.add(home)
+    return sorted(homes)
 
 
 def _library_dirs(env: dict[str, str]) -> list[str]:
