@@ -26,6 +26,7 @@ from .nodes.next_cycle import after_next_cycle, lane_start, next_cycle
 from .nodes.reflect import continue_or_close, reflect
 from .nodes.select_plans import launch_cycles, select_plans
 from .nodes.world_model_update import init_world_model, update_world_model
+from .rolling import lane
 from .state import CycleState, SearchState
 
 
@@ -48,7 +49,8 @@ def build_search_graph(checkpointer: BaseCheckpointSaver | None = None, context_
     g = StateGraph(SearchState, context_schema=context_schema)
     g.add_node("init_world_model", init_world_model)
     g.add_node("select_plans", select_plans)
-    g.add_node("action_cycle", build_cycle_graph(context_schema))
+    # Each cycle runs as a lane (rolling.lane): a lane that fails wakes the lanes waiting for its merge.
+    g.add_node("action_cycle", lane(build_cycle_graph(context_schema)))
     g.add_node("update_world_model", update_world_model)
     g.add_node("finalize", finalize)
     g.add_edge(START, "init_world_model")

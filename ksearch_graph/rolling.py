@@ -17,17 +17,24 @@ merge happens twice and no claimed cycle is lost. The waiting lanes are part of 
 end) a merge hands a waiting lane is written in that merge's record, so a lane re-run after a crash finds what it
 was handed, or waits again. The planner's answer is asked outside the lock (on the state as it
 was) and cached under its usual key; the merge under the lock replays it on the state as it is now.
+
+A lane that fails (a full disk, a dead endpoint) ends the process's run: LangGraph waits for every lane's thread
+before it reports the failure, so the waiting lanes are woken and fail with the same error (``lane``); the round is
+rebuilt from its commits by the next run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import threading
 
+from langgraph.errors import GraphBubbleUp
 from langgraph.runtime import Runtime
 
-from .context import SearchContext
+from .context import SearchContext, search_context
+from .state import CycleState, SearchState
 from .policy import select_actions
 from .world_model import WorldModel
 
@@ -46,6 +53,8 @@ class RollingRound:
         self.record = record  # the latest commit: {"round", "seq", "state", "active", "waiting", ...}
         self.handoffs = handoffs  # waiting lane -> what a merge handed it: {"next": cycle or None, "lane_end": ...}
         self.lock = threading.Condition()
+        self.failure: BaseException | None = None  # a lane's error, which ends every waiting lane
+        self.lanes_running = 0  # lanes of this process inside their cycle (lane()), failed or not
 
     def merge_and_claim(self, ctx: SearchContext, runtime: Runtime[SearchContext], result: dict) -> dict:
         """Merge a finished cycle and claim its lane's next cycle (and the waiting lanes'), once. Returns the commit
@@ -56,6 +65,8 @@ class RollingRound:
         done = ctx.store.get_generation(key)
         if done is not None:
             return done
+        if self.failure is not None:  # the run is ending: claim nothing more (a resume merges this cycle)
+            raise self.failure
         with self.lock:
             before = copy.deepcopy(self.record["state"])
         merge_cycle(ctx, None, WorldModel.from_state(before["world_model"]), before["best"], result,
@@ -110,8 +121,27 @@ class RollingRound:
         Bounded: every merge hands out what it can, and the last running lane's merge ends every waiting lane."""
         with self.lock:
             while lane not in self.handoffs:
+                if self.failure is not None:
+                    raise self.failure  # the failing lane's error: whichever lane LangGraph reports, it is that one
                 self.lock.wait(WAKE_CHECK_S)
             return self.handoffs[lane]
+
+    @contextlib.contextmanager
+    def lane_running(self):
+        with self.lock:
+            self.lanes_running += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.lanes_running -= 1
+
+    def fail(self, error: BaseException) -> None:
+        """A lane failed: wake the waiting lanes, which fail with ``error`` (no merge of that lane will come)."""
+        with self.lock:
+            if self.failure is None:
+                self.failure = error
+            self.lock.notify_all()
 
 
 def _claim(ctx: SearchContext, wm: WorldModel, state: dict, active: dict,
@@ -139,6 +169,35 @@ def _claim(ctx: SearchContext, wm: WorldModel, state: dict, active: dict,
     return cycle | {"round": round_id}, None, False
 
 
+def lane(cycle_graph):
+    """The main graph's node for one cycle: the cycle subgraph, run so that its failure (in a node, or writing a
+    checkpoint between nodes) also ends the rolling lanes waiting for its merge, which would otherwise wait forever
+    (LangGraph reports a failed task only once every other task of the step has returned)."""
+    shared = set(SearchState.__annotations__)
+
+    def action_cycle(state: CycleState, runtime: Runtime) -> dict:
+        round_id = (state.get("cycle") or {}).get("round")
+        if not round_id:
+            return _shared(cycle_graph.invoke(state), shared)
+        ctx = search_context(runtime)
+        live = live_round(ctx, round_id)
+        with live.lane_running():
+            try:
+                return _shared(cycle_graph.invoke(state), shared)
+            except GraphBubbleUp:  # LangGraph's own control flow, not a failure
+                raise
+            except BaseException as e:
+                live.fail(e)
+                raise
+
+    return action_cycle
+
+
+def _shared(values: dict, keys: set[str]) -> dict:
+    """The cycle's final state, as the main graph takes it: the keys the two states share."""
+    return {k: v for k, v in values.items() if k in keys}
+
+
 def start_round(ctx: SearchContext, cycles: list[dict], waiting: list[dict], state: dict) -> None:
     """Mark the launched cycles and waiting lanes as one rolling round and write its starting state
     (``round:<id>``)."""
@@ -164,6 +223,10 @@ def live_round(ctx: SearchContext, round_id: str) -> RollingRound:
     """The round's shared live state: in memory while this process runs it, else rebuilt from its commits."""
     key = (str(ctx.store.path), round_id)
     with _rounds_lock:
+        # A round that failed is rebuilt from its commits once none of its lanes runs: a later run of this process
+        # (a server resuming the thread) starts clean, while the failed run's lanes all see the failure.
+        if key in _rounds and _rounds[key].failure is not None and _rounds[key].lanes_running == 0:
+            del _rounds[key]
         if key not in _rounds:
             records = round_records(ctx.store, round_id)
             handoffs = {lane: h for r in records for lane, h in r.get("handoff", {}).items()}

@@ -323,3 +323,38 @@ def test_a_weak_frontier_is_refilled_before_the_cycle_starts(tmp_path, scripted,
     assert ctx.store.get_generation("refill:c1:0") is not None
     assert [e["key"] for e in ctx.store.exchanges("refill:")] == ["refill:c1:0"]
     assert any(e["data"]["phase"] == "refill before c1" for e in ctx.store.events("world_model"))
+
+
+def test_a_failing_lane_ends_the_lanes_waiting_for_it(tmp_path, scripted, softmax_task):
+    """Rolling lanes, one action within the difficulty cap for two lanes: the second waits for the first's merge. The
+    first lane's endpoint dies; the run must stop with that error (not wait forever for a merge that cannot come),
+    and a resume finishes the budget."""
+    import threading
+
+    request = __import__("httpx").Request("POST", "http://x/v1/chat/completions")
+    hard = [insert("root", f"hard {i}", value=0.8, difficulty=5) for i in range(2)]
+    scripted.planner += [script([insert("root", "the only easy idea", value=0.9, difficulty=1), *hard],
+                                reflect=False, analysis="row softmax is memory bound")]
+    scripted.coder += [openai.APIConnectionError(request=request)] * 3  # max_retries=2: the endpoint is dead
+    run, ctx, events = _run(tmp_path, scripted, iterations=2, window=2, k=2, difficulty_cap=2)
+    outcome: dict = {}
+
+    def go():
+        try:
+            outcome["final"] = _drive(run, ctx, events)
+        except BaseException as e:  # noqa: BLE001 (what the run raised is the test's subject)
+            outcome["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "the run never ended: a lane waits for a merge that cannot come"
+    assert isinstance(outcome.get("error"), EndpointUnavailable), outcome
+    round_start = [r for r in ctx.store.generations_with_prefix("round:")]
+    assert round_start and round_start[0]["payload"]["waiting"], round_start  # the second lane did wait
+    # The endpoint is back: resume, and the search spends its budget.
+    scripted.coder += [kernel_answer(softmax_task, VARIANT="online", BLOCK_N=256),
+                       kernel_answer(softmax_task, VARIANT="online", BLOCK_N=512)]
+    scripted.planner += [script([insert("root", f"next {i}", difficulty=1)]) for i in range(8)]
+    final = _drive(run, ctx, events, fresh=False)
+    assert final["iterations_done"] == 2
