@@ -253,7 +253,12 @@ def stand_in(task: Task) -> tuple[dict[str, str] | None, str]:
     if task.seed_source is not None:
         return {task.spec.solution_file: task.seed_source}, "seed"
     if task.spec.solution_file.endswith(".py") and task.spec.language in ("triton", "pytorch"):
-        code = f"{task.reference_source}\n\n{task.spec.entry_point} = reference\n"
+        # The reference runs in a module of its own: its `reference` may call a function named like the entry point
+        # (a FlashInfer-Trace definition's `run`), which an alias in the same namespace would turn into a recursion.
+        code = ("import types as _types\n\n"
+                "_reference = _types.ModuleType('reference')\n"
+                f"exec(compile({task.reference_source!r}, 'reference.py', 'exec'), _reference.__dict__)\n"
+                f"{task.spec.entry_point} = _reference.reference\n")
         return {task.spec.solution_file: code}, "reference (standing in for a seed)"
     return None, ""
 
@@ -278,6 +283,9 @@ def check_task_on(pool, task: Task) -> tuple[dict[str, str] | None, EvalResult |
                                   task=True) from None
         raise PreflightFailed(f"evaluating task {task.name}'s {what} on the pool failed {len(e.reasons)} times outside "
                               f"the task's code ({'; '.join(dict.fromkeys(e.reasons))}): {e.detail}") from None
+    if result.status.value == "unavailable":  # the machine, not the task's code: no GPU, memory, a module
+        why = (result.log_excerpt or "no reason given").strip().splitlines()[0]
+        raise PreflightFailed(f"task {task.name} cannot be evaluated on this pool: {why}", task=True)
     if not result.passed:
         headline = error_headline(result.log_excerpt) or result.status.value
         raise PreflightFailed(f"task {task.name}: its {what} does not pass in the harness ({result.status.value}: "

@@ -21,6 +21,7 @@ from ksearch_graph.export import export_best
 from ksearch_graph.flashinfer_trace import safetensors_header
 from ksearch_graph.flashinfer_trace_export import export_flashinfer_trace, workload_uuid
 from ksearch_graph.flashinfer_trace_task import META_FILE, materialise_definition, spread
+from ksearch_graph.preflight import stand_in
 from ksearch_graph.task import TaskError, load_task
 from conftest import load_module
 
@@ -119,6 +120,20 @@ def test_make_inputs_and_reference(task_folder):
         want_inv = torch.rsqrt(x.pow(2).mean(-1) + inputs[2])
         assert torch.allclose(inv.double(), want_inv, rtol=1e-5)
         assert torch.allclose(out.double(), x * want_inv[:, None] * inputs[1].double(), atol=2e-2, rtol=2e-2)
+
+
+def test_the_reference_standing_in_for_a_seed_runs(task_folder, tmp_path):
+    """Preflight evaluates the reference under the entry point's name; the definition's `run` is also the name the
+    generated `reference` calls, so an alias in one namespace would recurse forever."""
+    task = load_task(task_folder)
+    files, what = stand_in(task)
+    assert what == "reference (standing in for a seed)"
+    (tmp_path / "kernel.py").write_text(files["kernel.py"])
+    stand = load_module("fi_stand_in", tmp_path / "kernel.py")
+    ref = load_module("fi_reference_2", task_folder / "reference.py")
+    inputs = ref.make_inputs(task.spec.workloads[1].params, 3, "cpu")
+    for got, want in zip(stand.run(*inputs), ref.reference(*inputs)):
+        assert torch.equal(got, want)
 
 
 def test_dataset_root_and_definition_name(tmp_path, task_folder):
