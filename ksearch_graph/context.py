@@ -17,7 +17,7 @@ from typing import Any
 
 from .agents import Coder, Planner
 from .budget import BudgetGate
-from .config import SearchConfig
+from .config import Budget, SearchConfig
 from .evaluation import Evaluator
 from .run_dir import RUN_FILE, RunDir
 from .store import RunStore
@@ -113,11 +113,13 @@ class ServerRunContext:
 
     task: str  # task folder, as seen by the server process
     run_dir: str  # created on the first run of a thread, reused by later runs (resume, fork)
-    options: dict[str, Any] = field(default_factory=dict)  # SearchConfig fields, for a new run directory
+    # SearchConfig fields, for a new run directory; on a later run (resume, fork) only "budget" is read
+    options: dict[str, Any] = field(default_factory=dict)
     allow_gpu_change: bool = False  # resume a run on another GPU model than its scores were measured on
 
 
 _server_contexts: dict[str, SearchContext] = {}
+_server_runs: dict[str, RunDir] = {}
 _server_lock = threading.Lock()
 
 
@@ -131,6 +133,8 @@ def context_for(ctx: ServerRunContext | dict) -> SearchContext:
             # The server process is the run directory's one writer while it serves it (run_lock.py).
             if (Path(key) / RUN_FILE).exists():
                 run = RunDir.open(key, writer=True)
+                if "budget" in ctx.options:
+                    _take_budget(run, ctx.options["budget"])
             else:
                 run = RunDir.create(key, ctx.task, SearchConfig.model_validate(ctx.options), writer=True)
             try:
@@ -138,9 +142,21 @@ def context_for(ctx: ServerRunContext | dict) -> SearchContext:
             except BaseException:
                 run.lock and run.lock.release()  # refused (another GPU model) or broken: the directory is not served
                 raise
+            _server_runs[key] = run
             if _server_contexts[key].gpu_note:
                 logging.getLogger(__name__).warning(_server_contexts[key].gpu_note)
+        elif "budget" in ctx.options:
+            _take_budget(_server_runs[key], ctx.options["budget"])
         return _server_contexts[key]
+
+
+def _take_budget(run: RunDir, fields: dict[str, Any]) -> None:
+    """A later run of a served directory (a resume, a fork) moves the run's budget, as `ksearch resume
+    --iterations` does: budgets are the run's, counted from its store over every path, so a fork needs room."""
+    budget = Budget.model_validate({**run.config.budget.model_dump(), **fields})
+    if budget != run.config.budget:
+        run.config.budget = budget  # the same config object the nodes' BudgetGate reads
+        run.save()
 
 
 def search_context(runtime) -> SearchContext:

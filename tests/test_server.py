@@ -80,11 +80,14 @@ def test_run_stream_history_and_fork_over_http(server, tmp_path):
     wm["nodes"][last]["action"]["value"] = 1.0
     fork = client.threads.update_state(thread, {"world_model": wm}, as_node="init_world_model",
                                        checkpoint_id=after_init["checkpoint"]["checkpoint_id"])
-    started = [part.data for part in client.runs.stream(thread, "ksearch", input=None, context=context,
-                                                         checkpoint_id=fork["checkpoint"]["checkpoint_id"],
-                                                         stream_mode="custom", stream_subgraphs=True)
-               if part.event.startswith("custom") and part.data.get("event") == "cycle_started"]
-    assert started[0]["node_id"] == last
+    # Budgets are the run's (its store's), whatever path spent them: the fork gets 2 more iterations than were used.
+    more = {**context, "options": {**context["options"], "budget": {"iterations": 4}}}
+    forked = [part.data for part in client.runs.stream(thread, "ksearch", input=None, context=more,
+                                                        checkpoint_id=fork["checkpoint"]["checkpoint_id"],
+                                                        stream_mode="custom", stream_subgraphs=True)
+              if part.event.startswith("custom")]
+    started = [e for e in forked if e.get("event") == "cycle_started"]
+    assert started and started[0]["node_id"] == last, forked
     assert started[0]["cycle_id"] == "c1b"  # the first history's c1 keeps its attempts in the shared store
     assert client.threads.get_state(thread)["values"]["iterations_done"] == 2
 
