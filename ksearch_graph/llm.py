@@ -352,6 +352,7 @@ class _Attempt:
 
 _SMALL_MODEL_STRING_CHARS = 400
 _SMALL_MODEL_ITEMS = 4
+_SMALL_MODEL_FACTORS = [0.5, 0.8, 0.9, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 5.0, 10.0]
 
 
 def small_model_schema(schema: Any) -> Any:
@@ -360,7 +361,8 @@ def small_model_schema(schema: Any) -> Any:
     Every string is capped at 400 characters (uncapped, a 0.5B model fills a 4000-character field
     with repetition), and a number bounded to a range of at most 10 (a 0..1 value, a 0..10 rating)
     becomes an enum of 11 steps: llama.cpp's grammars enforce enums but not a number's bounds, and a
-    small model otherwise writes 7 for a 0..1 value in every repair round. Lists hold at most 4 items
+    small model otherwise writes 7 for a 0..1 value in every repair round; a positive factor (above 0, up to a
+    wide maximum) becomes an enum of factors from 0.5 to 10. Lists hold at most 4 items
     and free-form objects (an action's params) stay empty, so the longest answer the schema allows
     (4 actions of about 300 tokens) fits the answer limit instead of being cut off mid-JSON.
     """
@@ -383,6 +385,11 @@ def small_model_schema(schema: Any) -> Any:
             out["enum"] = [round(low + (high - low) * i / 10, 6) for i in range(11)]
         else:
             out["minimum"], out["maximum"] = low, high
+    elif out.get("type") == "number" and out.get("exclusiveMinimum") == 0 and "maximum" in out:
+        # A positive factor (a predicted speed-up): unenforced, a small model writes 0.
+        high = out.pop("maximum")
+        out.pop("exclusiveMinimum")
+        out["enum"] = [f for f in _SMALL_MODEL_FACTORS if f <= high]
     return out
 
 

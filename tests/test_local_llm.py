@@ -185,11 +185,14 @@ def test_small_model_schema_caps_strings_and_enumerates_bounded_numbers():
     assert action["title"]["maxLength"] == 120 and action["description"]["maxLength"] == 400
     assert action["value"]["enum"] == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
     assert action["difficulty"] == schema["$defs"]["Action"]["properties"]["difficulty"]  # integers: kept
-    assert "enum" not in action["predicted_gain"]  # a wide range stays a bounded number
+    assert action["predicted_gain"]["enum"][0] == 0.5 and action["predicted_gain"]["enum"][-1] == 10.0  # not 0
+    assert "exclusiveMinimum" not in action["predicted_gain"]
     assert small["properties"]["ops"]["maxItems"] == 4 and schema["properties"]["ops"]["maxItems"] == 20
     assert action["params"]["additionalProperties"] is False and action["params"]["properties"] == {}
     for value in action["value"]["enum"]:  # every enum step is valid for the real model
         Action(title="t", description="d", difficulty=1, value=value, predicted_gain=1.1)
+    for gain in action["predicted_gain"]["enum"]:
+        Action(title="t", description="d", difficulty=1, value=0.5, predicted_gain=gain)
     assert EditScript.model_json_schema() == schema  # the pydantic model (our validation) is unchanged
 
 
