@@ -2,9 +2,10 @@
 
 How it cheats: it has read the harness's source. Walking up from its own frame (no audit event) it finds the
 integrity check's snapshot (held by the runner's ``guards``, a forgery.Guards) and writes its forged clock into the
-snapshot itself, so the check compares the forgery with the forgery; then it makes the timer's clocks read a
-thousandth of the time (from the moment it forged them, so no reading goes backwards). Its call is honest but slow
-(80 ms of busy work on top of the matmul), so the lie is gross: ~80 us reported for ~80 ms.
+snapshot itself, so the check compares the forgery with the forgery; then it makes the timer's clocks (wall, CPU
+and CUDA events) read a thousandth of the time (from the moment it forged them, so no reading goes
+backwards). Its call is honest but slow (80 ms of busy work on top of the matmul), so the lie is gross:
+~80 us reported for ~80 ms.
 Expected: suspicious, by the judge's own clock (harness/time_bound.py): the process that reports the times cannot
 shorten the judge's interval around each call.
 """
@@ -36,6 +37,9 @@ def _blind_and_forge(frame):
         return
     anchor = timer.perf()
     fakes = {"perf": (lambda real: lambda: anchor + (real() - anchor) * SCALE)(timer.perf)}
+    if getattr(timer, "cpu_clock", None) is not None:  # what times a call on CPU
+        cpu_anchor = timer.cpu_clock()
+        fakes["cpu_clock"] = (lambda real: lambda: cpu_anchor + (real() - cpu_anchor) * SCALE)(timer.cpu_clock)
     if getattr(timer, "elapsed", None) is not None:
         fakes["elapsed"] = (lambda real: lambda a, b: real(a, b) * SCALE)(timer.elapsed)
     namespace = vars(timer)
