@@ -425,3 +425,38 @@ def test_cpu_side_distributions_are_sampled_on_the_evaluation_device(tmp_path):
     assert x.device.type == "meta"  # drawn where the harness asked, not on the CPU
     assert torch.equal(ref.make_inputs({"size": 8, "seed": 1}, 5, "cpu")[0],
                        ref.make_inputs({"size": 8, "seed": 1}, 5, "cpu")[0])
+
+
+@pytest.mark.slow
+def test_the_judge_runs_the_problems_check_honours_buffers_and_requirements(tmp_path):
+    """The same cases through the real judge (two processes, the sandbox): a filled output buffer passes and a
+    written input does not; the problem's own check decides (its message kept); a problem that needs a GPU is
+    `unavailable` here with the reason."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ksearch_graph.harness.client import SubprocessEvaluator
+
+    buffers = load_task(materialise_gpumode(FAMILY / "buffers", tmp_path / "buffers"))
+    prefix = load_task(materialise_gpumode(FAMILY / "prefix", tmp_path / "prefix"))
+    cuda_only = load_task(materialise_gpumode(FAMILY / "cuda_only", tmp_path / "cuda_only"))
+    exact = ("import torch\ndef custom_kernel(data):\n    x, out = data\n"
+             "    return torch.cumsum(x.double(), 0).float()\n")
+    cases = {
+        "fills": (buffers, "def custom_kernel(data):\n    a, b, out = data\n    out[...] = a + b\n    return out\n"),
+        "writes_a": (buffers, "def custom_kernel(data):\n    a, b, out = data\n    a.add_(b)\n    return a.clone()\n"),
+        "exact": (prefix, exact),
+        "off": (prefix, exact.replace(".float()\n", ".float() * (1 + 1e-4)\n")),
+        "gpu": (cuda_only, (FAMILY / "template.py").read_text()),
+    }
+    ev = SubprocessEvaluator(timeout_s=180, time_budget_s=0.05, workloads="all")  # the tests too, as upstream
+    with ThreadPoolExecutor(2) as pool:
+        got = dict(zip(cases, pool.map(lambda c: ev.evaluate(c[0], {"submission.py": c[1]}, attempt_id="t"),
+                                       cases.values())))
+    assert got["fills"].status.value == "passed", got["fills"].log_excerpt
+    assert got["writes_a"].status.value == "suspicious", got["writes_a"].log_excerpt
+    assert "wrote into its input tensors" in got["writes_a"].log_excerpt
+    assert got["exact"].status.value == "passed", got["exact"].log_excerpt
+    assert got["off"].status.value == "incorrect_numerical", got["off"].log_excerpt
+    assert "Number of mismatched elements" in got["off"].log_excerpt  # the check's own words
+    assert got["gpu"].status.value == "unavailable", got["gpu"].log_excerpt
+    assert "this task needs a GPU and this machine has none" in got["gpu"].log_excerpt

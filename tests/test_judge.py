@@ -697,3 +697,14 @@ def test_illegal_memory_access_and_oom_leave_the_gpu_healthy(tmp_path):
     assert oom.status == Status.runtime_error and "out of memory" in oom.log_excerpt.lower(), explain(oom)
     after = ev.evaluate(task, {"kernel.py": HONEST}, attempt_id="after")
     assert after.status == Status.passed, explain(after)
+
+
+def test_inputs_too_large_for_the_judge_are_refused_before_they_exist(tmp_path):
+    """A workload of 4 GiB inputs, judged under an 8 GB limit: the judge would hold three input sets (12 GiB). Sized
+    on torch's meta device, it is `unavailable` with the figures, in seconds and without allocating them."""
+    task = write_task(tmp_path / "huge", workloads=[{"name": "huge", "params": {"n": 1 << 30}}])
+    started = time.monotonic()
+    r = SubprocessEvaluator(timeout_s=120, memory_limit_gb=8).evaluate(task, {"kernel.py": HONEST}, attempt_id="h")
+    assert r.status == Status.unavailable, r.log_excerpt
+    assert "workload huge: one input set is 4.0 GiB" in r.log_excerpt and "judge's memory limit" in r.log_excerpt
+    assert time.monotonic() - started < 60

@@ -58,19 +58,24 @@ from .candidate_calls import CandidateCalls, TimedCall, reference_files  # noqa:
 from .compare import compare, same  # noqa: E402
 from .gpu import gpu_healthy  # noqa: E402
 from .guards import InterpreterHooks  # noqa: E402
+from .input_sizes import InputsTooLarge, check_input_sizes, gib  # noqa: E402
 from .isolation import die_with_parent, harden, isolate_judge_network  # noqa: E402
+from .memory_watch import MemoryWatch  # noqa: E402
 from .policy import POLICY  # noqa: E402
 from .reply_checks import check_burst_timings, check_flags  # noqa: E402
 from .reporting import Failure, TimingTrace, clip, describe, progress  # noqa: E402
+from .requirements import unmet_requirement  # noqa: E402
 from .results import new_result, summarise, write_signed  # noqa: E402
 from .runner_process import RunnerProcess  # noqa: E402
 from .session import SEED_ENV, TRACE_ENV, JobWatch, Session, read_arguments, read_job, timing_lock  # noqa: E402
+from .task_checks import run_check  # noqa: E402
 from .tasks import candidate_form, derive_seed, load_module, prepare, read_task, timings_key  # noqa: E402
 from .tensors import as_tensors, clone, nbytes  # noqa: E402
 from .timer import Timer  # noqa: E402
 from .timing import (Bursts, SideStreamRule, burst_memory_bytes, burst_size, honest_times,  # noqa: E402
                      precise_enough, timed_burst)
 from .wire import Import, Imported, Load, Loaded, Prepared  # noqa: E402
+from .writable import without_writable, writable_paths  # noqa: E402
 
 AHEAD = "timing the reference while waiting for the job"  # client.py's _AHEAD: no candidate code has run yet
 RESULT_KEY_ENV = "KSEARCH_RESULT_KEY"  # signs the result file, so a forged or overwritten one is recognised
@@ -86,6 +91,7 @@ class Judge:
         self.args, self.task, self.result = args, task, result
         self.runner_task = runner_task  # what the candidate's process needs to import the candidate
         self.tol = task["tolerance"]
+        self.writable = writable_paths(task)  # output buffers among the inputs: they may come back changed
         hidden = args.seeds_from_env and runner_task is not None
         self.base_seed = int(os.environ.pop(SEED_ENV)) if hidden else secrets.randbits(62)
         self.rng = random.Random(secrets.randbits(64))  # which timed calls get re-checked
@@ -285,18 +291,25 @@ class Judge:
             pristine = self.inputs(w, seeds[i])
             expected = self.reference(pristine)
             self.phases["reference"] += time.perf_counter() - t1
-            self.check(calls[i].output, None, None, expected, f"{where} {first + i + 1} (passed the correctness check)")
+            self.check(calls[i].output, None, pristine, expected,
+                       f"{where} {first + i + 1} (passed the correctness check)")
             del pristine, expected
 
     # -- checks ----------------------------------------------------------------------------------------------------
 
     def check(self, out, got_inputs, pristine, expected, where: str, row: dict | None = None) -> tuple[float, float]:
-        """Inputs unchanged (where given: the judge's own view of what it lent) and output right; the errors go into
-        ``row`` (the workload's result) either way."""
+        """Inputs unchanged (where ``got_inputs`` is given: the judge's own view of what it lent; declared output
+        buffers left out) and output right: the elementwise comparison, then the task's own check where it has one
+        (on the judge's copies of ``pristine`` and of the output); the errors go into ``row`` either way."""
         t0 = time.perf_counter()
-        unchanged = pristine is None or same(pristine, got_inputs)
+        unchanged = got_inputs is None or same(without_writable(pristine, self.writable),
+                                               without_writable(got_inputs, self.writable))
         if unchanged:
-            status, message, max_err, max_rel = compare(out, expected, self.tol, self.task["compare_dtype"])
+            if self.task["check"]:
+                # No elementwise errors: the check may accept another answer (a QR factorisation is not unique).
+                (status, message), max_err, max_rel = run_check(self.args.task, self.task, pristine, out, expected), 0, 0
+            else:
+                status, message, max_err, max_rel = compare(out, expected, self.tol, self.task["compare_dtype"])
         self.phases["checks"] += time.perf_counter() - t0
         if not unchanged:
             raise Failure("suspicious", f"{where}: the candidate wrote into its input tensors")
@@ -454,6 +467,9 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
         if device != "cuda" and (form == "torch_extension" or task["language"] in ("cuda", "cupy")):
             raise Failure("unavailable", f"this task's candidates are {task['language']} code and this machine has "
                           "no CUDA GPU")
+        missing = unmet_requirement(task, device)
+        if missing:
+            raise Failure("unavailable", missing)
         task_dir = os.path.abspath(args.task)
         runner_task = {"reference": task["reference"], "reference_files": reference_files(task_dir),
                        "solution_file": task["solution_file"], "entry_point": task["entry_point"],
@@ -462,6 +478,10 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
         compile_cache.restore(args.cache_dir, source, session.cache)
         ahead = ahead or {}
         judge = Judge(args, task, result, timings, runner_task, session.timer, ahead.get("timings"))
+        try:  # before any input exists: a workload whose copies cannot fit the judge stops here (input_sizes.py)
+            check_input_sizes(judge.ref, task, memory_limit_bytes(args), "the judge's memory limit (--memory-limit-gb)")
+        except InputsTooLarge as e:
+            raise Failure("unavailable", str(e)) from None
         judge.phases["reference_timing"] += ahead.get("overrun_s", 0.0)
         judge.phases.update(session.phases)
         judge.run(session.runner)
@@ -501,6 +521,28 @@ def time_reference_ahead(session: Session, args, job: JobWatch) -> dict:
     # A job that came meanwhile waited for the workload in hand: that time is on its clock, as reference timing.
     return {"timings": {"key": judge.timings_key, "workloads": judge.measured}, "task": os.path.abspath(args.task),
             "overrun_s": max(0.0, done - job.at) if job.at is not None else 0.0}
+
+
+def memory_limit_bytes(args) -> int:
+    return int(args.memory_limit_gb * 2**30)
+
+
+def watch_memory(args, result_key: str) -> MemoryWatch:
+    """The judge's own memory limit, which a GPU host cannot give it as an address-space limit: past it, the result
+    says so and the process ends (the inputs and reference outputs it holds are the task's, the output slot is sized
+    by the reference's output)."""
+    limit = memory_limit_bytes(args)
+
+    def over(rss: int) -> None:
+        out = new_result() | {"status": "unavailable", "log_excerpt": clip(
+            f"the judge's process grew to {gib(rss)} of host memory, over its limit of {gib(limit)} "
+            "(--memory-limit-gb): the task's inputs and reference outputs it holds; shrink the workload or raise "
+            "the limit")}
+        write_signed(out, args.out, result_key)
+        progress("done: unavailable (the judge's memory limit)")
+        os._exit(0)
+
+    return MemoryWatch(limit, over)
 
 
 def main(argv: list[str] | None = None, network: str = "no (started in-process)") -> int:
@@ -546,8 +588,9 @@ def main(argv: list[str] | None = None, network: str = "no (started in-process)"
     try:
         if early is not None:
             raise early
-        evaluate(session, args, timings, result,
-                 ahead if ahead.get("task") == os.path.abspath(args.task or "") else None)
+        with watch_memory(args, result_key):
+            evaluate(session, args, timings, result,
+                     ahead if ahead.get("task") == os.path.abspath(args.task or "") else None)
     except Failure as f:
         result["status"], result["log_excerpt"] = f.status, clip(f.message)
     except BaseException as e:  # a harness or task problem

@@ -181,7 +181,8 @@ def read_arguments(argv: list[str] | None, description: str) -> argparse.Namespa
                         help="compile caches shared by evaluations, keyed by source hash")
     parser.add_argument("--lock-dir", default="/tmp", help="where the per-device timing lock lives")
     parser.add_argument("--memory-limit-gb", type=float, default=32.0,
-                        help="host memory (resident) the candidate's process may use before it is killed")
+                        help="host memory (resident) the candidate's process, and the judge's, may each use: the "
+                             "candidate's is killed past it; the judge refuses a workload whose inputs would not fit")
     parser.add_argument("--no-network-isolation", action="store_true",
                         help="without a sandbox: do not put the candidate in its own network namespace")
     parser.add_argument("--sandbox", choices=("bwrap", "none"), default="bwrap",
