@@ -479,7 +479,9 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
         ahead = ahead or {}
         judge = Judge(args, task, result, timings, runner_task, session.timer, ahead.get("timings"))
         try:  # before any input exists: a workload whose copies cannot fit the judge stops here (input_sizes.py)
-            check_input_sizes(judge.ref, task, memory_limit_bytes(args), "the judge's memory limit (--memory-limit-gb)")
+            # On a copy of the task's module: the meta pass would leave meta tensors in its caches (loaded blobs).
+            sizing = load_module("ksearch_reference_sizes", os.path.join(task_dir, task["reference"]))
+            check_input_sizes(sizing, task, memory_limit_bytes(args), "the judge's memory limit (--memory-limit-gb)")
         except InputsTooLarge as e:
             raise Failure("unavailable", str(e)) from None
         judge.phases["reference_timing"] += ahead.get("overrun_s", 0.0)
