@@ -74,9 +74,10 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
 
 def _add_pool_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("evaluation pool (where candidates are evaluated; not saved with the run)")
-    g.add_argument("--gpus", help="local pool: the GPU indices to use, e.g. 0,1,3 (default: every visible GPU)")
+    g.add_argument("--gpus", help="local pool: the GPU indices to use, e.g. 0,1,3 (default: every visible GPU); "
+                                  "on Ray: how many of the cluster's GPUs to use at once, e.g. 4")
     g.add_argument("--cpu-slots", type=_positive_int, metavar="N",
-                   help="without a GPU: evaluations at once (default: half the cores)")
+                   help="without a GPU: evaluations at once (default: half the cores; on Ray: the cluster's CPUs)")
     g.add_argument("--ray", action="store_true", help="evaluate on Ray (a local Ray unless --ray-address is given)")
     g.add_argument("--ray-address", help="evaluate on this Ray cluster: auto | ray://HOST:PORT (implies --ray)")
     g.add_argument("--gpu-model", help="Ray: run on GPUs of this accelerator type only (needed on a mixed cluster)")

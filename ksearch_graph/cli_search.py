@@ -31,8 +31,6 @@ OFFLINE_NOTICE = (
 def _pool_options(args):
     from .harness.make_pool import PoolOptions
 
-    if (args.ray or args.ray_address) and args.gpus:
-        raise RunDirError("--gpus chooses GPUs of this machine; on Ray the cluster's resources decide")
     return PoolOptions(gpus=args.gpus, cpu_slots=args.cpu_slots, ray=args.ray, ray_address=args.ray_address,
                        gpu_model=args.gpu_model)
 

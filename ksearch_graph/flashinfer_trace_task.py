@@ -245,6 +245,10 @@ def _ksearch_random(shape, dtype_name, g):
 
 
 def _ksearch_blob(path, key):
+    import os as _os
+
+    if not _os.path.isabs(path):  # carried with the task (a Ray worker's copy): relative to this folder
+        path = _os.path.join(_os.path.dirname(_os.path.abspath(globals().get("__file__", "."))), path)
     if path not in _KSEARCH_BLOBS:
         from safetensors.torch import load_file  # the `flashinfer` extra: pip install 'ksearch-graph[flashinfer]'
 

@@ -26,10 +26,11 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from importlib import metadata
 
+from . import __version__
 from .evaluation import EvalResult
 from .gpu_record import describe, same_model
+from .harness.ray_shipping import package_digest
 from .harness.failures import infrastructure_error
 from .infrastructure import InfrastructureDown, evaluate_guarded
 from .progress import error_headline
@@ -40,15 +41,13 @@ PROBE_TIMEOUT_S = 180
 # Run in a fresh process on each slot or node: what it reports is what an evaluation there would meet.
 PROBE = r"""
 import json, sys
-out = {"python": sys.version.split()[0]}
+out = {"python": sys.version.split()[0], "version": None}
 try:
-    from importlib import metadata
-    out["version"] = metadata.version("ksearch-graph")
-except Exception:
-    out["version"] = None
-try:
+    import ksearch_graph
     import ksearch_graph.harness.client  # what every evaluation there imports
+    from ksearch_graph.harness.ray_shipping import package_digest
     from ksearch_graph.harness.sandbox import unavailable_reason
+    out["version"], out["digest"] = ksearch_graph.__version__, package_digest()
     out["sandbox_error"] = unavailable_reason()
 except BaseException as e:
     out["import_error"] = f"{type(e).__name__}: {e}"
@@ -95,10 +94,7 @@ class Preflight:
 
 
 def local_version() -> str:
-    try:
-        return metadata.version("ksearch-graph")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    return __version__
 
 
 def preflight(pool, task: Task, *, check_task: bool = True) -> Preflight:
@@ -122,7 +118,8 @@ def probe_pool(pool) -> list[dict]:
     else:  # an evaluator that is no pool (a test's): nothing to probe
         return []
     expected_model, sandbox = getattr(pool, "model", None), sandbox_of(pool)
-    problems = [p for r in reports if (p := _problem(r, expected_model, sandbox))]
+    shipped = type(pool).__name__ == "RayPool"
+    problems = [p for r in reports if (p := _problem(r, expected_model, sandbox, shipped=shipped))]
     if problems:
         raise PreflightFailed("the evaluation pool is not fit to run the search, so nothing was started:\n  "
                               + "\n  ".join(problems))
@@ -144,16 +141,21 @@ def sandbox_failure(reason: str, where: str = "this host") -> PreflightFailed:
     return PreflightFailed(f"candidates run in a sandbox, and {where} cannot make one: {reason}")
 
 
-def _problem(report: dict, model: str | None, sandbox: str = "bwrap") -> str | None:
+def _problem(report: dict, model: str | None, sandbox: str = "bwrap", *, shipped: bool = False) -> str | None:
+    """What makes a slot or node unfit, or None. ``shipped``: a Ray node, which gets this package with each
+    evaluation (ray_shipping.py) and needs only Ray and torch of its own."""
     where, version = report["where"], local_version()
     if report.get("error"):
         return f"{where}: {report['error']}"
     if report.get("import_error"):
+        if shipped:
+            return (f"{where}: the package shipped to it cannot be imported there ({report['import_error']}); its "
+                    f"workers need Python {sys.version.split()[0]} and Ray like this machine's, with torch")
         return (f"{where}: the package cannot be imported there ({report['import_error']}); install ksearch-graph "
                 f"{version} (with torch) on every node, in the Python the workers run")
-    if report.get("version") != version:
-        return f"{where}: ksearch-graph {report.get('version') or '(none)'} is installed there, {version} here; " \
-               "install the same version everywhere"
+    if report.get("version") != version or report.get("digest", package_digest()) != package_digest():
+        return (f"{where}: its ksearch_graph ({report.get('version') or '(none)'}, code {report.get('digest')}) is "
+                f"not this one ({version}, code {package_digest()}): another copy comes first on its import path")
     if report.get("torch_error"):
         return f"{where}: torch cannot be used there ({report['torch_error']})"
     if sandbox == "bwrap" and report.get("sandbox_error"):
@@ -202,6 +204,8 @@ def _probe_ray(pool) -> list[dict]:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from .harness.ray_pool import plain
+
     wanted = [k for k in ("GPU", "CPU") if pool.options.get(f"num_{k.lower()}s")] or ["CPU"]
     kind = pool.options.get("accelerator_type")
     nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(wanted[0], 0) >= 1
@@ -210,7 +214,7 @@ def _probe_ray(pool) -> list[dict]:
         return [{"where": "the Ray cluster", "error": f"no alive node has a {wanted[0]} for an evaluation"}]
     remote = ray.remote(max_retries=0)(_node_probe())
     refs = {n["NodeManagerAddress"] + f" ({n['NodeID'][:8]})": remote.options(
-        **pool.options, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(PROBE)
+        **pool.options, **pool.task_options, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(PROBE)
         for n in nodes}
     reports = []
     for where, ref in refs.items():
@@ -220,7 +224,8 @@ def _probe_ray(pool) -> list[dict]:
             report = {"error": f"its probe did not start or finish in {PROBE_TIMEOUT_S} s (no free slot, or the "
                                "worker cannot start)"}
         except ray.exceptions.RayError as e:
-            report = {"error": f"its probe failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"}
+            report = {"error": f"its probe failed: {type(e).__name__}: "
+                               f"{(plain(str(e)).strip().splitlines() or [''])[-1][:300]}"}
         reports.append({"where": f"Ray node {where}", **report})
     return reports
 

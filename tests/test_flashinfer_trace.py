@@ -122,6 +122,36 @@ def test_make_inputs_and_reference(task_folder):
         assert torch.allclose(out.double(), x * want_inv[:, None] * inputs[1].double(), atol=2e-2, rtol=2e-2)
 
 
+def test_a_task_sent_to_ray_carries_its_data_files(task_folder, tmp_path):
+    """The task folder names its safetensors blob by an absolute path on this machine; the archive a Ray worker gets
+    carries the blob and names it inside the task, and the worker's copy makes the same inputs."""
+    from ksearch_graph.harness.ray_shipping import external_data_files, pack_task, unpack_task
+
+    blobs = external_data_files(task_folder)
+    assert len(blobs) == 1 and blobs[0].endswith(".safetensors")
+    copy = unpack_task(pack_task(task_folder), "digest", "job-x")
+    try:
+        assert copy != task_folder and not external_data_files(copy)
+        spec = load_task(copy).spec
+        path = spec.workloads[2].params["inputs"]["hidden_states"]["path"]
+        assert path.startswith("data/") and (copy / path).is_file()
+        here = load_module("fi_here", task_folder / "reference.py").make_inputs(spec.workloads[2].params | {
+            "inputs": load_task(task_folder).spec.workloads[2].params["inputs"]}, 5, "cpu")
+        there = load_module("fi_there", copy / "reference.py").make_inputs(spec.workloads[2].params, 5, "cpu")
+        assert torch.equal(here[0], there[0]) and torch.equal(here[1], there[1])
+    finally:
+        from ksearch_graph.harness.ray_shipping import cleanup_on_node
+
+        assert cleanup_on_node("job-x") and not copy.exists()
+    gone = tmp_path / "gone"
+    shutil.copytree(task_folder, gone)
+    spec = json.loads((gone / "task.json").read_text())
+    spec["workloads"][2]["params"]["inputs"]["hidden_states"]["path"] = str(tmp_path / "missing.safetensors")
+    (gone / "task.json").write_text(json.dumps(spec))
+    with pytest.raises(FileNotFoundError, match="missing.safetensors"):
+        pack_task(gone)
+
+
 def test_the_reference_standing_in_for_a_seed_runs(task_folder, tmp_path):
     """Preflight evaluates the reference under the entry point's name; the definition's `run` is also the name the
     generated `reference` calls, so an alias in one namespace would recurse forever."""

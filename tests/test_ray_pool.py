@@ -4,8 +4,10 @@
 - a Ray worker killed while it evaluates: the evaluation runs once more on another worker, and the search records
   every attempt once; killed twice in a row, it is an infrastructure failure, tried again by the search and charged
   to no candidate;
-- a cluster whose workers lack the package, or cannot make the candidates' sandbox, is refused at preflight, with
-  nothing written (its own small cluster).
+- two nodes, the second started from a virtual environment with only Ray, torch and Triton: the search ships the
+  package, runs evaluations on both and removes its task copies;
+- a cluster whose workers cannot make the candidates' sandbox is refused at preflight, with nothing written (its own
+  small cluster).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -33,14 +36,11 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def ray_address():
     """A local Ray 'cluster' of two CPUs, which the CLI's searches join by its address."""
-    env_path = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = f"{REPO}{os.pathsep}{env_path}" if env_path else str(REPO)  # workers import us
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # the searches ship the package to it
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
-        os.environ["PYTHONPATH"] = env_path
 
 
 def _attempts(run_dir):
@@ -104,6 +104,8 @@ def test_a_killed_worker_is_retried_and_nothing_is_lost_or_repeated(tmp_path, ra
     # The killed worker's evaluation ran again elsewhere: no attempt carries the "lost" result.
     assert not any("lost on the Ray cluster" in r[2]["log_excerpt"] for r in rows)
     assert all(r[2]["environment"].get("ray_node") for r in rows)
+    retried = [r for r in rows if r[2]["environment"].get("ray_retries")]
+    assert len(retried) == 1 and "WorkerCrashedError" in retried[0][2]["environment"]["ray_retries"][0], rows
 
 
 def test_a_worker_lost_twice_is_infrastructure_tried_again_and_charged_to_no_candidate(tmp_path, ray_address):
@@ -140,30 +142,112 @@ def test_a_worker_lost_twice_is_infrastructure_tried_again_and_charged_to_no_can
     assert "[infrastructure] c1.1: the Ray worker was lost twice" in proc.stdout
 
 
-def test_preflight_refuses_a_cluster_whose_workers_lack_the_package(tmp_path):
-    """The cluster's Python has Ray and torch but not ksearch-graph (a venv borrowing this one's site-packages
-    without its .pth files): the run stops at preflight, exit 69, with the node and what to install, nothing
-    written. A cluster that cannot be joined leaves nothing behind either."""
-    venv = tmp_path / "no-ksearch"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
-    (next(venv.glob("lib/python3*/site-packages")) / "borrowed.pth").write_text(f"{site}\n")
+def test_a_search_runs_on_two_nodes_and_the_second_has_nothing_of_ours(tmp_path):
+    """A head node started from this environment, and a second node (``ray start --address``) from a virtual
+    environment that has only Ray, torch and Triton, pip-installed: no ksearch_graph and no pydantic. A search joined
+    through Ray Client (ray://) ships the package with its evaluations, which run on both nodes; its task copies are
+    gone when it ends. A cluster that cannot be joined leaves nothing behind."""
+    venv = _worker_venv(tmp_path / "worker-venv")
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "PYTHONPATH")}
     env["RAY_AUTH_MODE"] = "disabled"
-    with _own_cluster(str(venv / "bin" / "python"), env, tmp_path) as address:
-        cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations", "1",
-               "--ray-address", address, "--run-dir", str(tmp_path / "run")]
-        # Run from outside the repository: Ray hands the driver's working directory to its workers.
-        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 69 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
-    assert "No module named 'ksearch_graph'" in proc.stderr and "install ksearch-graph" in proc.stderr, proc.stderr
-    assert "Nothing was written and nothing spent" in proc.stderr and not (tmp_path / "run").exists()
+    for module in ("ksearch_graph", "pydantic"):
+        lacking = subprocess.run([str(venv / "bin" / "python"), "-c", f"import {module}"], capture_output=True,
+                                 text=True, cwd=tmp_path, env=env)
+        assert f"No module named '{module}'" in lacking.stderr
+    copies = Path(tempfile.gettempdir()) / "ksearch-ray-tasks"
+    before = set(os.listdir(copies)) if copies.is_dir() else set()
+    gcs, client = _free_port(), _free_port()
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    with _node([ray_cli, "start", "--head", "--block", f"--port={gcs}", f"--ray-client-server-port={client}",
+                "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats"],
+               env | {"GRPC_ENABLE_FORK_SUPPORT": "false"}, tmp_path), \
+            _node([str(venv / "bin" / "ray"), "start", f"--address=127.0.0.1:{gcs}", "--block", "--num-cpus=1",
+                   "--disable-usage-stats"], env | {"PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}"}, tmp_path):
+        _wait_for_nodes(f"127.0.0.1:{gcs}", 2, env)
+        run_dir = tmp_path / "run"
+        cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations", "4",
+               "-k", "2", "--ray-address", f"ray://127.0.0.1:{client}", "--run-dir", str(run_dir)]
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    _forget_cluster(gcs)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("preflight: Ray node") == 1 and proc.stdout.count("; Ray node") == 1, proc.stdout
+    rows = _attempts(run_dir)
+    assert len(rows) == 5 and all(r[1] != "infrastructure_error" for r in rows), rows
+    nodes = {r[2]["environment"].get("ray_node") for r in rows}
+    assert len(nodes) == 2 and None not in nodes, nodes  # evaluations ran on both nodes
+    after = set(os.listdir(copies)) if copies.is_dir() else set()
+    assert after <= before, f"task copies left behind: {sorted(after - before)}"
 
     proc = subprocess.run([sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline",
-                           "--ray-address", "ray://127.0.0.1:1", "--run-dir", str(tmp_path / "run")],
+                           "--ray-address", "ray://127.0.0.1:1", "--run-dir", str(tmp_path / "run2")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "cannot join the Ray cluster" in proc.stderr, proc.stderr
-    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "run2").exists()
+
+
+def _worker_venv(path: Path) -> Path:
+    """A virtual environment of this Python with Ray, torch and Triton of this one's versions (pip's cache makes it
+    about 40 s) and nothing else of ours."""
+    from importlib import metadata
+
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    wanted = [f"{name}=={metadata.version(name)}" for name in ("ray", "torch", "triton")]
+    done = subprocess.run([str(path / "bin" / "pip"), "install", "-q", *wanted], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return path
+
+
+def _forget_cluster(port: int) -> None:
+    """``ray start`` noted its head as this machine's current cluster, where a later ray.init() without an address
+    would join it; ``ray stop`` forgets it, a stopped ``--block`` does not."""
+    note = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    try:
+        if note.read_text().strip().endswith(f":{port}"):
+            note.unlink()
+    except OSError:
+        pass
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def _node(cmd: list[str], env: dict[str, str], cwd: Path) -> Iterator[None]:
+    """A Ray node kept by ``ray start --block``; stopped (with everything it started) on leaving."""
+    node = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        yield
+    finally:
+        node.send_signal(signal.SIGTERM)
+        try:
+            node.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
+
+
+def _wait_for_nodes(address: str, count: int, env: dict[str, str]) -> None:
+    probe = ("import ray, sys, time\n"
+             "for _ in range(120):\n"
+             "    try:\n"
+             "        ray.init(address=sys.argv[1], log_to_driver=False)\n"
+             "        break\n"
+             "    except Exception:\n"
+             "        time.sleep(1)\n"
+             "for _ in range(120):\n"
+             "    if sum(n['Alive'] for n in ray.nodes()) >= int(sys.argv[2]):\n"
+             "        sys.exit(0)\n"
+             "    time.sleep(1)\n"
+             "sys.exit(1)\n")
+    done = subprocess.run([sys.executable, "-c", probe, address, str(count)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, f"the cluster did not reach {count} nodes: {done.stderr[-2000:]}"
 
 
 def test_preflight_refuses_a_cluster_whose_nodes_cannot_make_the_sandbox(tmp_path):

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from ..config import SearchConfig
 from ..evaluation import Evaluator
 from .client import SubprocessEvaluator, gpu_driver_present
+from .pool import PoolError
 from ..task import Task
 
 
 @dataclass
 class PoolOptions:
-    gpus: str | None = None  # "0,1,3"; None: every visible GPU
+    gpus: str | None = None  # local: "0,1,3"; Ray: a count, "4"; None: every visible GPU (every GPU of the cluster)
     cpu_slots: int | None = None  # without a GPU; None: default_cpu_slots()
     ray: bool = False
     ray_address: str | None = None  # "auto" | "ray://HOST:PORT"; None with ray: a local Ray
@@ -35,7 +36,7 @@ def make_pool(options: PoolOptions, config: SearchConfig, task: Task | None = No
         from .ray_pool import RayPool
 
         return RayPool.connect(options.ray_address, settings=settings, gpu_model=options.gpu_model,
-                               cpu_slots=options.cpu_slots)
+                               cpu_slots=options.cpu_slots, gpus=ray_gpu_count(options.gpus))
     from .pool import local_pool
 
     pool = local_pool(lambda env: SubprocessEvaluator(**settings, env=env), gpus=options.gpus,
@@ -43,3 +44,18 @@ def make_pool(options: PoolOptions, config: SearchConfig, task: Task | None = No
     # On a GPU host: the first evaluations' torch imports and reference timings overlap the first LLM turns.
     pool.start_ahead(task)
     return pool
+
+
+def ray_gpu_count(gpus: str | None) -> int | None:
+    """``--gpus`` on Ray: how many of the cluster's GPUs the search uses at once (device indices mean nothing across
+    nodes)."""
+    if gpus is None:
+        return None
+    try:
+        count = int(gpus)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise PoolError(f"--gpus {gpus}: on Ray, --gpus is how many of the cluster's GPUs to use at once (e.g. "
+                        "--gpus 4); GPU indices choose GPUs of this machine only")
+    return count
