@@ -83,7 +83,7 @@ class StandInLLM(FakeOpenAIServer):
             self.latency_total += delay
             if "planner of K-Search" in str(body["messages"][0].get("content")):
                 prompt = str(body["messages"][-1].get("content"))
-                init = "Build the initial world model" in prompt
+                init = "build the initial world model" in prompt.lower()
                 node = re.search(r"# The cycle on node (\S+):", prompt)
                 parent = node.group(1) if node else "root"  # a solved node needs an open continuation
                 ops = []
@@ -124,36 +124,37 @@ def pause(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def ray_standin(seconds: float, files: dict[str, str]) -> tuple[str, float, float]:
-    """On a Ray worker holding one logical GPU: the stand-in evaluation."""
+def ray_standin(bundle: bytes, digest: str, files: dict[str, str], attempt_id: str, settings: dict,
+                job: str) -> tuple[str, float, float]:
+    """On a Ray worker holding one logical GPU, in place of the harness (``evaluate_on_worker``'s signature): the
+    product's task unpacking, then the stand-in evaluation for a time drawn from the attempt's id."""
+    from ksearch_graph.harness import ray_shipping
+
     start = time.time()
-    time.sleep(seconds)
+    ray_shipping.unpack_task(bundle, digest, job)
+    rng = random.Random(f"{settings['seed']}:{attempt_id}")
+    time.sleep(max(0.0, rng.uniform(settings["mean_s"] - settings["jitter_s"], settings["mean_s"] + settings["jitter_s"])))
     score = standin_score(files)
     result = EvalResult(status=Status.passed, score=score, latency_us=100 / score)
     return result.model_dump_json(), start, time.time()
 
 
-class RayStandInPool:
-    """The Ray pool's scheduling with the stand-in evaluation: each evaluation a task with num_gpus=1."""
+def ray_standin_pool(gpus: int, mean_s: float, jitter_s: float, seed: int):
+    """The product's Ray pool (its slots, retries, task shipping and accounting) with the stand-in evaluation on the
+    workers: each evaluation a task holding one logical GPU and no CPU (the stand-in only sleeps, and the local Ray
+    has 2 CPUs)."""
+    import ray
 
-    def __init__(self, gpus: int, mean_s: float, jitter_s: float, seed: int):
-        import ray
+    from ksearch_graph.harness.ray_pool import RayPool
 
-        from ksearch_graph.harness.pool import Interval
+    class RayStandInPool(RayPool):
+        def _remote_fn(self):
+            if self._remote is None:
+                self._remote = ray.remote(max_retries=0, max_calls=0)(ray_standin)  # as RayPool's
+            return self._remote
 
-        self.ray, self.Interval = ray, Interval
-        # One logical GPU per evaluation and no CPU: the stand-in only sleeps, and the local Ray has 2 CPUs.
-        self.remote = ray.remote(num_gpus=1, num_cpus=0, max_retries=1, max_calls=0)(ray_standin)  # as RayPool
-        self.slots, self.mean_s, self.jitter_s = gpus, mean_s, jitter_s
-        self.rng, self.lock, self.intervals = random.Random(seed), threading.Lock(), []
-
-    def evaluate(self, task, files, *, attempt_id):
-        with self.lock:
-            seconds = max(0.0, self.rng.uniform(self.mean_s - self.jitter_s, self.mean_s + self.jitter_s))
-        text, start, end = self.ray.get(self.remote.remote(seconds, files))
-        with self.lock:
-            self.intervals.append(self.Interval("ray", attempt_id, start, end))
-        return EvalResult.model_validate_json(text)
+    return RayStandInPool({"num_gpus": 1, "num_cpus": 0}, {"mean_s": mean_s, "jitter_s": jitter_s, "seed": seed},
+                          gpus, "standin")
 
 
 def ray_dispatch_ms(samples: int = 20) -> float:
@@ -189,7 +190,7 @@ def run_one(args, pool_kind: str, workers: int, k: int, samples: int, budget: in
                           timing_budget_s=0.05)
     seed = 1000 * workers + k
     if pool_kind == "ray":
-        pool = RayStandInPool(workers, args.eval_s * scale, args.eval_jitter_s * scale, seed)
+        pool = ray_standin_pool(workers, args.eval_s * scale, args.eval_jitter_s * scale, seed)
         clock = time.time
     elif args.evaluator == "real":
         pool = EvaluationPool([Slot(f"cpu{i}", "cpu", None, SubprocessEvaluator(timeout_s=300, time_budget_s=0.05))
@@ -265,7 +266,8 @@ def main() -> None:
                 if kind == "ray":  # a local Ray of exactly w logical GPUs
                     import ray
 
-                    ray.init(num_cpus=2, num_gpus=w, include_dashboard=False, log_to_driver=False)
+                    # address="local": a Ray of its own, even beside a running cluster (which ray.init() would join)
+                    ray.init(address="local", num_cpus=2, num_gpus=w, include_dashboard=False, log_to_driver=False)
                     warm = ray.remote(num_gpus=1, num_cpus=0)(pause)  # start the w worker processes first
                     ray.get([warm.remote(0.5) for _ in range(w)])
                     dispatch = ray_dispatch_ms()
