@@ -35,12 +35,44 @@ def source_key(folder: str) -> str:
 
 
 def restore(store: str, key: str, cache: str) -> bool:
-    """Copy what evaluations of the source ``key`` kept into this evaluation's (empty) ``cache``; True if any."""
+    """Add what evaluations of the source ``key`` kept to this evaluation's ``cache``; True if any was kept."""
     kept = os.path.join(store, BY_SOURCE, key)
     if not os.path.isdir(kept):
         return False
-    shutil.copytree(kept, cache, symlinks=True, dirs_exist_ok=True)
+    add_missing(kept, cache)
     return True
+
+
+def add_missing(source: str, cache: str) -> None:
+    """Copy into ``cache`` the files of ``source`` it lacks, each whole or not at all, and never over a file it has.
+
+    The candidate's process is already running when the judge restores (it was started ahead and has loaded the
+    launch cover's compiled modules from ``cache``): rewriting a shared library it has mapped, as a plain copy
+    does, changes its code under it (it died by SIGSEGV in Triton's launcher and C utilities on the GPU). An
+    entry's path is a hash of its content, so a file already there is the same one."""
+    for root, dirs, files in os.walk(source):
+        target_dir = os.path.join(cache, os.path.relpath(root, source))
+        os.makedirs(target_dir, exist_ok=True)
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            src, dst = os.path.join(root, name), os.path.join(target_dir, name)
+            if os.path.lexists(dst):
+                continue
+            if os.path.islink(src):
+                with contextlib.suppress(FileExistsError):
+                    os.symlink(os.readlink(src), dst)
+                continue
+            aside = f"{dst}.{os.getpid()}.restoring"
+            try:
+                shutil.copy2(src, aside)
+                os.link(aside, dst)  # appears whole; fails, leaving the other, if a file of that name came meanwhile
+            except FileExistsError:
+                pass
+            except OSError:  # a filesystem without hard links: a rename, which could only replace a racing copy
+                if not os.path.lexists(dst):
+                    os.replace(aside, dst)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(aside)
 
 
 def keep(store: str, key: str, cache: str) -> None:
@@ -62,4 +94,4 @@ def seed_harness(store: str, cache: str) -> None:
     harness = os.path.join(store, HARNESS, "triton")
     if os.path.isdir(harness):
         with contextlib.suppress(OSError):
-            shutil.copytree(harness, os.path.join(cache, "triton"), symlinks=True, dirs_exist_ok=True)
+            add_missing(harness, os.path.join(cache, "triton"))
