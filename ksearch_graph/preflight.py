@@ -214,7 +214,8 @@ def _probe_ray(pool) -> list[dict]:
         return [{"where": "the Ray cluster", "error": f"no alive node has a {wanted[0]} for an evaluation"}]
     remote = ray.remote(max_retries=0)(_node_probe())
     refs = {n["NodeManagerAddress"] + f" ({n['NodeID'][:8]})": remote.options(
-        **pool.options, **pool.task_options, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(PROBE)
+        **pool.options, **pool.task_options,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(PROBE)
         for n in nodes}
     reports = []
     for where, ref in refs.items():

@@ -133,7 +133,8 @@ def ray_standin(bundle: bytes, digest: str, files: dict[str, str], attempt_id: s
     start = time.time()
     ray_shipping.unpack_task(bundle, digest, job)
     rng = random.Random(f"{settings['seed']}:{attempt_id}")
-    time.sleep(max(0.0, rng.uniform(settings["mean_s"] - settings["jitter_s"], settings["mean_s"] + settings["jitter_s"])))
+    mean, jitter = settings["mean_s"], settings["jitter_s"]
+    time.sleep(max(0.0, rng.uniform(mean - jitter, mean + jitter)))
     score = standin_score(files)
     result = EvalResult(status=Status.passed, score=score, latency_us=100 / score)
     return result.model_dump_json(), start, time.time()

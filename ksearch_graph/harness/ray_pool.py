@@ -42,14 +42,14 @@ CLIENT_ATTEMPTS = 3  # ray:// connections: a client server that died at its star
 
 
 class RayPool:
-    def __init__(self, options: dict, settings: dict, slots: int, model: str):
+    def __init__(self, options: dict, settings: dict, slots: int, model: str, runtime_env: dict | None = None):
         self.options = options  # Ray resources per evaluation: {"num_gpus": 1, ...} or {"num_cpus": 1}
         self.settings = settings  # SubprocessEvaluator's keyword arguments, for the worker
         self.slots = slots
         self.model = model
         self.intervals: list[Interval] = []  # worker-side start and end of each evaluation (wall clock)
         self.started = time.time()
-        self.runtime_env: dict | None = None  # each task's runtime_env, where the job's does not carry the package
+        self.runtime_env = runtime_env  # each task's runtime_env, where the job's does not carry the package
         self._bundles: dict[str, tuple[str, object]] = {}  # task root -> (digest, ObjectRef of the tar archive)
         self._lock = threading.Lock()
         self._running = threading.BoundedSemaphore(max(1, slots))
@@ -105,9 +105,7 @@ class RayPool:
             slots = int(resources.get("CPU", 1))
             if cpu_slots is not None:
                 slots = min(slots, cpu_slots)
-        pool = cls(options, settings, max(1, slots), model)
-        pool.runtime_env = task_env
-        return pool
+        return cls(options, settings, max(1, slots), model, task_env)
 
     def evaluate(self, task: Task, files: dict[str, str], *, attempt_id: str) -> EvalResult:
         import ray
@@ -170,7 +168,8 @@ class RayPool:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         cleanup = ray.remote(num_cpus=0, max_retries=0)(ray_shipping.cleanup_on_node)
-        refs = [cleanup.options(**self.task_options, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+        refs = [cleanup.options(**self.task_options,
+                                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
                 .remote(self.job) for n in ray.nodes() if n.get("Alive")]
         try:
             ray.get(refs, timeout=CLEANUP_TIMEOUT_S)

@@ -74,17 +74,20 @@ def package_digest() -> str:
 # ---------------------------------------------------------------------------------------------------- the task
 
 
+def _data_sources(spec: dict):
+    """Each workload input of task.json that names a file (``{"type": "safetensors", "path": ...}``), as the dict
+    to read or rewrite."""
+    for workload in spec.get("workloads") or []:
+        for source in ((workload.get("params") or {}).get("inputs") or {}).values():
+            if isinstance(source, dict) and isinstance(source.get("path"), str):
+                yield source
+
+
 def external_data_files(folder: Path) -> list[str]:
     """Absolute paths outside ``folder`` that its task.json names as workload data (a FlashInfer-Trace workload's
     safetensors inputs), each once, in the order met."""
-    spec = _task_json(folder)
-    found: list[str] = []
-    for workload in spec.get("workloads") or []:
-        for source in ((workload.get("params") or {}).get("inputs") or {}).values():
-            path = source.get("path") if isinstance(source, dict) else None
-            if isinstance(path, str) and os.path.isabs(path) and not _inside(path, folder) and path not in found:
-                found.append(path)
-    return found
+    paths = [s["path"] for s in _data_sources(_task_json(folder))]
+    return list(dict.fromkeys(p for p in paths if os.path.isabs(p) and not _inside(p, folder)))
 
 
 def pack_task(folder: Path) -> bytes:
@@ -100,15 +103,12 @@ def pack_task(folder: Path) -> bytes:
                                 + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        skip_task_json = bool(moved)
         tar.add(folder, arcname="task", filter=lambda info: None if "__pycache__" in info.name or (
-            skip_task_json and info.name == "task/task.json") else info)
+            moved and info.name == "task/task.json") else info)
         if moved:
             spec = _task_json(folder)
-            for workload in spec.get("workloads") or []:
-                for source in ((workload.get("params") or {}).get("inputs") or {}).values():
-                    if isinstance(source, dict) and source.get("path") in moved:
-                        source["path"] = moved[source["path"]]
+            for source in _data_sources(spec):
+                source["path"] = moved.get(source["path"], source["path"])
             _add_bytes(tar, "task/task.json", (json.dumps(spec, indent=2) + "\n").encode())
             for path, name in moved.items():
                 tar.add(path, arcname=f"task/{name}")
