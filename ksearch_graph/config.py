@@ -1,4 +1,4 @@
-"""Search settings. Saved as ``run.json`` in the run directory so resume and branch use the same ones."""
+"""Search settings, the LLM endpoints' included. Saved as ``run.json`` in the run directory so resume and branch use the same ones."""
 
 from __future__ import annotations
 
@@ -6,8 +6,38 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from .llm import LLMSettings
-from .policy import PolicyName
+PolicyName = Literal["greedy", "failure_aware"]  # search/policy.py: which frontier action is implemented next
+
+
+class LLMSettings(BaseModel):
+    model: str
+    base_url: str | None = None
+    # Name of the environment variable holding the key; the key itself never enters settings
+    # (settings are checkpointed and logged).
+    api_key_env: str = "OPENAI_API_KEY"
+    temperature: float | None = Field(None, ge=0, le=2)
+    max_tokens: int | None = Field(None, ge=1)
+    structured_method: Literal["json_schema", "function_calling", "json_mode", "raw"] = "json_schema"
+    timeout_s: float = 300
+    max_retries: int = Field(5, ge=0, description="retries of a failed API call before pausing the run")
+    backoff_s: float = Field(2.0, ge=0, description="first retry delay in seconds (doubles each time)")
+    max_repairs: int = 2  # re-asks after an answer that is not valid JSON or fails validation
+    price_prompt_per_mtok: float = 0
+    price_completion_per_mtok: float = 0
+    # Input tokens the provider read from its prompt cache (OpenAI-style usage.prompt_tokens_details.cached_tokens)
+    # cost this instead; None: the full prompt price (no discount assumed).
+    price_cached_prompt_per_mtok: float | None = Field(None, ge=0)
+    # Send a tighter JSON schema for structured answers (see ``small_model_schema``): servers that
+    # decode against the schema (llama.cpp) then keep a small model's answer short and in range. The
+    # answer is still validated against the full pydantic model.
+    small_model_schema: bool = False
+    # The model's context window in tokens, when known. Prompts are shrunk so that prompt plus
+    # max_tokens fits it, and a small window (a small local model) selects compact prompts.
+    context_tokens: int | None = None
+    # A model of local_llm.MODELS that ksearch serves itself for each run (``--llm local``). Its
+    # base_url and context_tokens are filled in while the server runs and never saved: the port is
+    # ephemeral, and a resumed run starts a new server sized for the machine it runs on.
+    local_model: str | None = None
 
 
 class Budget(BaseModel):

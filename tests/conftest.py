@@ -39,8 +39,8 @@ def load_module(name: str, path: Path):
 
 def task_modules(root: Path, prefix: str, template_configs: dict[str, dict], tmp_root: Path) -> dict:
     """A task's reference, baseline and seed, and its template rendered with each of ``template_configs``."""
-    from ksearch_graph.task import load_task
-    from ksearch_graph.template import render_template
+    from ksearch_graph.tasks.task import load_task
+    from ksearch_graph.search.roles.template import render_template
 
     task = load_task(root)
     mods = {name: load_module(f"{prefix}_{name}", root / f"{name}.py") for name in ("reference", "baseline", "seed")}
@@ -53,7 +53,7 @@ def task_modules(root: Path, prefix: str, template_configs: dict[str, dict], tmp
 
 @pytest.fixture(scope="session")
 def softmax_task():
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     return load_task(SOFTMAX)
 
@@ -127,7 +127,7 @@ def insert(parent: str, title: str, value: float = 0.6, **kw) -> dict:
 
 def kernel_answer(task, **params) -> str:
     """A coder answer holding a template instance (real Triton code from the example task)."""
-    from ksearch_graph.template import render_template
+    from ksearch_graph.search.roles.template import render_template
 
     source = render_template(task, params)[task.spec.solution_file]
     return f"Here is the kernel.\n```python\n{source}\n```\n"
@@ -136,7 +136,7 @@ def kernel_answer(task, **params) -> str:
 def run_cli(*args: str, timeout: float = 600, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("OPENAI_API_KEY", None) if env is None or "OPENAI_API_KEY" not in env else None
-    proc = subprocess.run([sys.executable, "-m", "ksearch_graph.cli", *args], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "ksearch_graph.cli.main", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"ksearch {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")

@@ -33,7 +33,7 @@ def _done(run: Path) -> int:
 def _stopped_mid_cycle(run: Path, sig: int) -> subprocess.CompletedProcess:
     """A search with one long cycle (allowance 12, no stagnation stop) stopped by ``sig`` after its first attempt."""
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
-    proc = subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--run-dir", str(run),
+    proc = subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli.main", "run", str(SOFTMAX), "--run-dir", str(run),
                              "--iterations", "12", "--stagnation-window", "12", "--quiet"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
@@ -92,7 +92,7 @@ def test_resume_after_ctrl_c_and_after_a_full_disk_obey_their_new_budget(killed,
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    full = subprocess.run([sys.executable, "-m", "ksearch_graph.cli", "resume", str(run), "--quiet"], cwd=REPO,
+    full = subprocess.run([sys.executable, "-m", "ksearch_graph.cli.main", "resume", str(run), "--quiet"], cwd=REPO,
                           capture_output=True, text=True, timeout=900, preexec_fn=small_disk)
     assert full.returncode == 74 and "disk is full" in full.stderr, full.stderr
     done = _done(run)

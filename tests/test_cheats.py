@@ -46,9 +46,9 @@ from typing import Callable
 import pytest
 
 import ksearch_graph
-from ksearch_graph.evaluation import EvalResult, Status
+from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.harness.client import SubprocessEvaluator
-from ksearch_graph.task import Task, load_task
+from ksearch_graph.tasks.task import Task, load_task
 
 pytestmark = pytest.mark.slow  # every cheat is caught by whole evaluations (two processes each)
 
@@ -167,7 +167,7 @@ _SECRETS_HELPER = """\
 import sys
 from pathlib import Path
 from ksearch_graph.harness.client import SubprocessEvaluator
-from ksearch_graph.task import load_task
+from ksearch_graph.tasks.task import load_task
 task_root, candidate, workdir, timeout_s, budget_s = sys.argv[1:6]
 ev = SubprocessEvaluator(timeout_s=float(timeout_s), time_budget_s=float(budget_s), workdir=workdir)
 r = ev.evaluate(load_task(task_root), {"kernel.py": Path(candidate).read_text()}, attempt_id="steal_secrets")

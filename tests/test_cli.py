@@ -127,7 +127,7 @@ def test_dead_endpoint_pauses_then_resume_with_server_back(tmp_path):
     assert show_json(run_dir)["status"] == "paused"
     # The endpoint comes back elsewhere: resume points the run at it and the search finishes.
     from conftest import insert, kernel_answer, script
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     replies = [Reply.json(json.loads(script([insert("root", f"idea {i}") for i in range(3)], reflect=False))),
                Reply.content(kernel_answer(load_task(SOFTMAX))),
@@ -145,7 +145,7 @@ def test_kill9_at_random_moments_then_resume_matches_uninterrupted(finished_run,
             "--stagnation-window", "2", "--quiet"]
     kills = 0
     for round_ in range(12):
-        proc = subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli", *args], cwd=REPO,
+        proc = subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli.main", *args], cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             proc.wait(timeout=rng.uniform(0.5, 12.0) if kills < 4 else 600)
@@ -218,7 +218,7 @@ def _evaluation_children(search_pid: int) -> int:
 
 def test_ctrl_c_stops_at_once_and_resume_finishes(tmp_path):
     run_dir = tmp_path / "interrupted"
-    proc = subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--run-dir", str(run_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli.main", "run", str(SOFTMAX), "--run-dir", str(run_dir),
                              "--iterations", "2"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     deadline = time.time() + 120

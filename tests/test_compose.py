@@ -9,7 +9,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 
-from ksearch_graph.compose import kernel_search_node, optimize_kernel
+from ksearch_graph.app.compose import kernel_search_node, optimize_kernel
 import pytest
 
 pytestmark = pytest.mark.slow  # runs searches as subgraphs and tools
@@ -57,7 +57,7 @@ def test_optimize_kernel_tool_runs_and_continues_a_search(tmp_path):
     assert first["run_dir"] == run_dir and first["thread_id"] and first["files"]
     again = optimize_kernel.invoke({"task_dir": str(SOFTMAX), "run_dir": run_dir, "iterations": 2})
     assert again["thread_id"] == first["thread_id"]  # the same search, continued
-    from ksearch_graph.run_dir import RunDir
+    from ksearch_graph.rundir.run_dir import RunDir
 
     store = RunDir.open(run_dir).store()
     assert store.count_attempts() == 2
@@ -112,7 +112,7 @@ def test_subgraph_with_an_llm_planner_and_coder(tmp_path):
     import json
 
     from conftest import FakeOpenAIServer, Reply, insert, kernel_answer, script
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     replies = [Reply.json(json.loads(script([insert("root", f"idea {i}") for i in range(3)], reflect=False))),
                Reply.content(kernel_answer(load_task(SOFTMAX), BLOCK_N=512)),

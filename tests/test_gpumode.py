@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, FakeOpenAIServer, Reply, insert, run_cli, script
 
-from ksearch_graph.gpumode import SEED_FILE, materialise_gpumode, upstream_args
-from ksearch_graph.task import TaskError, load_task
+from ksearch_graph.tasks.gpumode import SEED_FILE, materialise_gpumode, upstream_args
+from ksearch_graph.tasks.task import TaskError, load_task
 
 PROBLEM = REPO / "tests" / "data" / "gpumode" / "linear"
 TOOL = REPO / "tools" / "evaluate_candidate.py"

@@ -13,11 +13,12 @@ import openai
 import pytest
 from conftest import SOFTMAX, insert, kernel_answer, script
 from ksearch_graph.config import Budget, SearchConfig
-from ksearch_graph.context import make_context
-from ksearch_graph.llm import EndpointUnavailable, LLMSettings
-from ksearch_graph.llm_agents import LLMCoder, LLMPlanner
-from ksearch_graph.search import drive, history, start, state_at, summary
-from ksearch_graph.world_model import WorldModel
+from ksearch_graph.search.context import make_context
+from ksearch_graph.llm.client import EndpointUnavailable, LLMSettings
+from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner
+from ksearch_graph.app.runs import drive, start
+from ksearch_graph.reports.run_view import history, state_at, summary
+from ksearch_graph.search.world_model import WorldModel
 
 pytestmark = pytest.mark.slow  # every test runs the whole search graph with a real store and checkpointer
 
@@ -233,7 +234,7 @@ def test_a_cap_reached_during_a_refill_stops_the_search_without_another_call(tmp
 
 def test_branch_forgets_the_source_runs_later_cycles(tmp_path, scripted, softmax_task):
     """A branch re-uses cycle ids (c2 again); it must not replay the source's cached code or planner answers."""
-    from ksearch_graph.search import branch
+    from ksearch_graph.app.runs import branch
 
     good = kernel_answer(softmax_task)
     scripted.planner += [_init(), script([insert("n1", "after c1")]), script([insert("n2", "after c2")])]
@@ -250,7 +251,7 @@ def test_branch_forgets_the_source_runs_later_cycles(tmp_path, scripted, softmax
 
 
 def test_plan_approval_pick_edit_stop_and_bad_answers(tmp_path, scripted, softmax_task):
-    from ksearch_graph.search import pending_question
+    from ksearch_graph.app.runs import pending_question
 
     scripted.planner += [_init(), script([insert("n2", "after n2")]), script([{"op": "update", "node": "n1", "value": 0.2}])]
     scripted.coder += [kernel_answer(softmax_task), "no code", "no code"]
@@ -278,8 +279,8 @@ def test_store_is_safe_under_concurrent_writers(tmp_path):
     """Parallel cycles and the progress view share one store connection from several threads."""
     import threading
 
-    from ksearch_graph.evaluation import EvalResult, Status
-    from ksearch_graph.store import RunStore
+    from ksearch_graph.tasks.evaluation import EvalResult, Status
+    from ksearch_graph.rundir.store import RunStore
 
     store = RunStore(tmp_path / "store.sqlite")
     errors = []

@@ -40,7 +40,7 @@ def test_the_failure_markers_are_what_the_harness_writes():
 
 
 def test_classify_tells_the_tasks_and_the_harness_failures_from_the_candidates():
-    from ksearch_graph.evaluation import EvalResult, Status
+    from ksearch_graph.tasks.evaluation import EvalResult, Status
     from ksearch_graph.harness.failures import classify
 
     def kind(status, log, reference=None):
@@ -68,7 +68,7 @@ def test_classify_tells_the_tasks_and_the_harness_failures_from_the_candidates()
 
 
 def _replies(n_updates: int = 2) -> list[Reply]:
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     init = json.loads(script([insert("root", f"idea {i}", value=0.9 - 0.1 * i) for i in range(3)], reflect=False))
     update = json.loads(script([insert("n1", "continue")]))
@@ -131,7 +131,7 @@ class JudgeKiller(threading.Thread):
 
 def _ksearch(*args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"} | {"PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli", *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli.main", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

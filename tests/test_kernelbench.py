@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
-from ksearch_graph.kernelbench import SEED_FILE, materialise_problem, rename_model
-from ksearch_graph.task import TaskError, load_task
+from ksearch_graph.tasks.kernelbench import SEED_FILE, materialise_problem, rename_model
+from ksearch_graph.tasks.task import TaskError, load_task
 from conftest import load_module
 
 PROBLEM = REPO / "tests" / "data" / "kernelbench" / "1_Linear_ReLU.py"

@@ -12,7 +12,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from pydantic import BaseModel, Field
 
-from ksearch_graph.llm import (
+from ksearch_graph.llm.client import (
     CodeExtractionError,
     EndpointUnavailable,
     LLMClient,

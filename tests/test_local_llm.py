@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from conftest import SOFTMAX, action, insert, run_cli
 
-from ksearch_graph import local_llm
-from ksearch_graph.agents import CodeRequest, Evidence
-from ksearch_graph.llm import LLMConfigError, LLMSettings
-from ksearch_graph.llm_agents import LLMCoder, LLMPlanner, PromptBudget, estimate_tokens, fit_prompt
-from ksearch_graph.local_llm import LocalModel, LocalServer, LocalServerError, ModelIntegrityError, ensure_model
-from ksearch_graph.world_model import WorldModel, apply_edits, parse_edit_script
+from ksearch_graph.llm import local as local_llm
+from ksearch_graph.search.roles.protocol import CodeRequest, Evidence
+from ksearch_graph.llm.client import LLMConfigError, LLMSettings
+from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner, PromptBudget, estimate_tokens, fit_prompt
+from ksearch_graph.llm.local import LocalModel, LocalServer, LocalServerError, ModelIntegrityError, ensure_model
+from ksearch_graph.search.world_model import WorldModel, apply_edits, parse_edit_script
 
 pytestmark = pytest.mark.slow  # downloads or runs the local model, or starts llama.cpp's server
 
@@ -107,8 +107,8 @@ def _settings(context: int, max_tokens: int = 256) -> LLMSettings:
 
 def _capture(monkeypatch) -> list:
     """Record the prompts the planner/coder send; answer with an empty edit script or a code block."""
-    from ksearch_graph import llm
-    from ksearch_graph.world_model import EditScript
+    from ksearch_graph.llm import client as llm
+    from ksearch_graph.search.world_model import EditScript
 
     prompts: list = []
 
@@ -174,8 +174,8 @@ def test_coder_prompt_fits_and_carries_the_seed_as_an_example(monkeypatch, softm
 
 
 def test_small_model_schema_caps_strings_and_enumerates_bounded_numbers():
-    from ksearch_graph.llm import small_model_schema
-    from ksearch_graph.world_model import Action, EditScript
+    from ksearch_graph.llm.client import small_model_schema
+    from ksearch_graph.search.world_model import Action, EditScript
 
     schema = EditScript.model_json_schema()
     small = small_model_schema(schema)

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from ksearch_graph.policy import failure_aware_order, greedy_order, select_actions
-from ksearch_graph.world_model import ROOT, Action, Attachment, Beliefs, Node, WorldModel, record_visit
+from ksearch_graph.search.policy import failure_aware_order, greedy_order, select_actions
+from ksearch_graph.search.world_model import ROOT, Action, Attachment, Beliefs, Node, WorldModel, record_visit
 
 
 def node(nid: str, value: float, difficulty: int = 2, rating: float = 5.0, *, parent: str = ROOT,

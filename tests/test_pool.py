@@ -103,7 +103,7 @@ def _round_commits(run_dir) -> list[dict]:
 def test_rolling_lanes_on_the_pool_survive_kill9_and_branch_from_a_merge(tmp_path):
     # k 5 lanes and 3 starting actions (the offline planner's 3 algorithm families): 2 lanes start waiting.
     run_dir, iterations = tmp_path / "run", 8
-    cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations",
+    cmd = [sys.executable, "-m", "ksearch_graph.cli.main", "run", str(SOFTMAX), "--offline", "--iterations",
            str(iterations), "-k", "5", "--samples", "2", "--cpu-slots", "2", "--stagnation-window", "2",
            "--run-dir", str(run_dir)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -91,7 +91,7 @@ def test_a_killed_worker_is_retried_and_nothing_is_lost_or_repeated(tmp_path, ra
     watcher = threading.Thread(target=kill_one_worker_mid_evaluation, daemon=True)
     watcher.start()
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations", "2",
+    cmd = [sys.executable, "-m", "ksearch_graph.cli.main", "run", str(SOFTMAX), "--offline", "--iterations", "2",
            "--ray-address", ray_address, "--run-dir", str(run_dir)]
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -127,7 +127,7 @@ def test_a_worker_lost_twice_is_infrastructure_tried_again_and_charged_to_no_can
 
     watcher = threading.Thread(target=kill_two_evaluations_in_a_row, daemon=True)
     watcher.start()
-    cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations", "1",
+    cmd = [sys.executable, "-m", "ksearch_graph.cli.main", "run", str(SOFTMAX), "--offline", "--iterations", "1",
            "--ray-address", ray_address, "--run-dir", str(run_dir)]
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -165,7 +165,7 @@ def test_a_search_runs_on_two_nodes_and_the_second_has_nothing_of_ours(tmp_path)
                    "--disable-usage-stats"], env | {"PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}"}, tmp_path):
         _wait_for_nodes(f"127.0.0.1:{gcs}", 2, env)
         run_dir = tmp_path / "run"
-        cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations", "4",
+        cmd = [sys.executable, "-m", "ksearch_graph.cli.main", "run", str(SOFTMAX), "--offline", "--iterations", "4",
                "-k", "2", "--ray-address", f"ray://127.0.0.1:{client}", "--run-dir", str(run_dir)]
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     _forget_cluster(gcs)
@@ -178,7 +178,7 @@ def test_a_search_runs_on_two_nodes_and_the_second_has_nothing_of_ours(tmp_path)
     after = set(os.listdir(copies)) if copies.is_dir() else set()
     assert after <= before, f"task copies left behind: {sorted(after - before)}"
 
-    proc = subprocess.run([sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline",
+    proc = subprocess.run([sys.executable, "-m", "ksearch_graph.cli.main", "run", str(SOFTMAX), "--offline",
                            "--ray-address", "ray://127.0.0.1:1", "--run-dir", str(tmp_path / "run2")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "cannot join the Ray cluster" in proc.stderr, proc.stderr
@@ -255,7 +255,7 @@ def test_preflight_refuses_a_cluster_whose_nodes_cannot_make_the_sandbox(tmp_pat
     stops at preflight, exit 69, naming the node and the install hint, nothing written."""
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"} | {"RAY_AUTH_MODE": "disabled"}
     with _own_cluster(sys.executable, env | {"KSEARCH_BWRAP": "/nonexistent"}, tmp_path) as address:
-        cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--offline", "--iterations", "1",
+        cmd = [sys.executable, "-m", "ksearch_graph.cli.main", "run", str(SOFTMAX), "--offline", "--iterations", "1",
                "--ray-address", address, "--run-dir", str(tmp_path / "run")]
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 69 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr

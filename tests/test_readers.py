@@ -37,7 +37,7 @@ def _wal_db(path: Path, rows: int) -> None:
 
 
 def test_snapshot_applies_committed_wal_frames_and_creates_nothing(tmp_path):
-    from ksearch_graph.sqlite_snapshot import open_read_only, snapshot
+    from ksearch_graph.rundir.sqlite_snapshot import open_read_only, snapshot
 
     path = tmp_path / "db.sqlite"
     _wal_db(path, 50)
@@ -68,7 +68,7 @@ def _full_disk():
 
 def _on_full_disk(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"} | {"PYTHONDONTWRITEBYTECODE": ""}
-    return subprocess.run([sys.executable, "-m", "ksearch_graph.cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ksearch_graph.cli.main", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=300, preexec_fn=_full_disk, env=env)
 
 
@@ -80,7 +80,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     run_cli("run", str(SOFTMAX), "--run-dir", str(finished), "--iterations", "2", "--stagnation-window", "3",
             "--quiet", check=True)
     killed = base / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli", "run", str(SOFTMAX), "--run-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli.main", "run", str(SOFTMAX), "--run-dir",
                              str(killed), "--iterations", "6", "--quiet"], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600

@@ -30,8 +30,8 @@ def small_run(tmp_path_factory) -> Path:
 
 
 def test_cli_defaults_are_the_settings_defaults():
-    from ksearch_graph.cli import build_parser
-    from ksearch_graph.cli_search import _config_from_args
+    from ksearch_graph.cli.main import build_parser
+    from ksearch_graph.cli.search_commands import _config_from_args
     from ksearch_graph.config import SearchConfig
 
     args = build_parser().parse_args(["run", str(SOFTMAX)])
@@ -58,7 +58,7 @@ def test_bad_numbers_are_usage_errors_that_write_nothing(small_run, tmp_path):
 
 def test_broken_pipe_and_missing_files_give_no_traceback(small_run, tmp_path):
     for command in (f"show {small_run} --json | head -1", f"history {small_run} | head -2"):
-        proc = subprocess.run(f"{sys.executable} -m ksearch_graph.cli {command}", shell=True, cwd=REPO,
+        proc = subprocess.run(f"{sys.executable} -m ksearch_graph.cli.main {command}", shell=True, cwd=REPO,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and proc.stdout and proc.stderr == "", proc.stderr
     proc = run_cli("report", str(tmp_path / "nowhere"))
@@ -84,7 +84,7 @@ def test_damaged_checkpoint_stops_readers_and_writers_then_recover_continues(sma
 
 
 def test_store_file_alone_holds_every_write_while_the_store_is_open(tmp_path):
-    from ksearch_graph.store import RunStore
+    from ksearch_graph.rundir.store import RunStore
 
     store = RunStore(tmp_path / "store.sqlite")
     for i in range(20):
@@ -208,8 +208,8 @@ def test_resume_on_another_gpu_model_stops_unless_allowed(small_run, tmp_path):
 
 
 def test_a_server_run_on_another_gpu_model_is_refused_unless_allowed(small_run, tmp_path):
-    from ksearch_graph.context import _server_contexts, context_for
-    from ksearch_graph.gpu_record import GpuModelChanged
+    from ksearch_graph.search.context import _server_contexts, context_for
+    from ksearch_graph.rundir.gpu_record import GpuModelChanged
 
     run = _begun_on_h100(small_run, tmp_path / "h100")
     context = {"task": str(SOFTMAX), "run_dir": str(run)}
@@ -223,7 +223,7 @@ def test_a_server_run_on_another_gpu_model_is_refused_unless_allowed(small_run, 
 
 
 def test_gpu_model_names_from_the_local_pool_and_ray_compare():
-    from ksearch_graph.gpu_record import same_model
+    from ksearch_graph.rundir.gpu_record import same_model
 
     assert same_model("NVIDIA H100 80GB HBM3", "H100") and same_model("cpu", "cpu")
     assert not same_model("NVIDIA H100 80GB HBM3", "NVIDIA H200") and not same_model("cpu", "NVIDIA H200")

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_graph.evaluation import Status
+from ksearch_graph.tasks.evaluation import Status
 from ksearch_graph.harness import sandbox
 from ksearch_graph.harness.cgroup import CpuAccount, CpuGroup, ProcessTree
 from ksearch_graph.harness.client import SandboxUnavailable, SubprocessEvaluator
-from ksearch_graph.task import load_task
+from ksearch_graph.tasks.task import load_task
 
 CHEATS = Path(__file__).resolve().parent / "cheats"
 HARNESS = Path(sandbox.__file__).resolve().parent

@@ -61,7 +61,7 @@ def test_run_stream_history_and_fork_over_http(server, tmp_path):
     assert "world_model" in kinds and kinds.count("attempt") == 3 and kinds[-1] == "finished"  # seed + 2
     from dataclasses import fields
 
-    from ksearch_graph.events import AttemptEvent
+    from ksearch_graph.search.events import AttemptEvent
 
     for e in (e for e in events if e["event"] == "attempt"):
         assert {f.name for f in fields(AttemptEvent)} | {"event"} == set(e)  # the typed fields clients rely on
@@ -139,7 +139,7 @@ def test_docs_server_example_runs_without_a_reload(tmp_path):
         assert done.stdout.count("'event': 'attempt'") == 3 and "'attempt_id'" in done.stdout.splitlines()[-1]
         run_dir = tmp_path / "ksearch-runs" / "server-1"
         # The server is the run directory's writer while it serves it; the CLI is refused, readers are not.
-        refused = subprocess.run([sys.executable, "-m", "ksearch_graph.cli", "resume", str(run_dir)], cwd=REPO,
+        refused = subprocess.run([sys.executable, "-m", "ksearch_graph.cli.main", "resume", str(run_dir)], cwd=REPO,
                                  capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and "another process" in refused.stderr, refused.stderr
         text = log.read_text()

@@ -7,10 +7,10 @@ import math
 
 import pytest
 from conftest import REPO, SOFTMAX
-from ksearch_graph.evaluation import EvalResult, Status, WorkloadResult
-from ksearch_graph.gpu_specs import gpu_spec
-from ksearch_graph.speed_of_light import SpeedOfLight, Work, fractions, task_work, work_from_json, work_to_json
-from ksearch_graph.task import TaskError, load_task
+from ksearch_graph.tasks.evaluation import EvalResult, Status, WorkloadResult
+from ksearch_graph.tasks.gpu_specs import gpu_spec
+from ksearch_graph.tasks.speed_of_light import SpeedOfLight, Work, fractions, task_work, work_from_json, work_to_json
+from ksearch_graph.tasks.task import TaskError, load_task
 
 GQA = REPO / "examples" / "gqa_paged_decode_h32_kv4_d128_ps1"
 TRIMUL = REPO / "examples" / "trimul"
@@ -160,8 +160,8 @@ def test_sol_check_agrees_with_the_hand_calculation_without_a_gpu(tmp_path):
 
 def test_work_is_derived_for_kernelbench_and_flashinfer_trace_tasks(tmp_path, capfd):
     """Module tasks (KernelBench) and FlashInfer-Trace definitions get their work derived, quietly."""
-    from ksearch_graph.flashinfer_trace_task import materialise_definition
-    from ksearch_graph.kernelbench import materialise_problem
+    from ksearch_graph.tasks.flashinfer_trace_task import materialise_definition
+    from ksearch_graph.tasks.kernelbench import materialise_problem
 
     data = REPO / "tests" / "data"
     kb = task_work(load_task(materialise_problem(data / "kernelbench" / "1_Linear_ReLU.py", tmp_path / "kb")))

@@ -153,7 +153,7 @@ def test_malformed_check_fields_are_named(raw, message):
 
 
 def test_task_loader_names_a_malformed_check(tmp_path):
-    from ksearch_graph.task import TaskError, load_task
+    from ksearch_graph.tasks.task import TaskError, load_task
 
     (tmp_path / "spec.md").write_text("x")
     (tmp_path / "reference.py").write_text("x = 1\n")

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ksearch_graph.evaluation import Status
+from ksearch_graph.tasks.evaluation import Status
 from ksearch_graph.harness.client import SubprocessEvaluator
-from ksearch_graph.task import load_task
-from ksearch_graph.template import default_params, render_template
+from ksearch_graph.tasks.task import load_task
+from ksearch_graph.search.roles.template import default_params, render_template
 from conftest import load_module, task_modules
 
 pytestmark = pytest.mark.slow  # evaluations of the paper's decode tasks

@@ -18,7 +18,7 @@ from ksearch_graph.harness.memory_watch import MemoryWatch, rss_bytes
 from ksearch_graph.harness.requirements import parse_requires, unmet_requirement
 from ksearch_graph.harness.tasks import load_module, read_task
 from ksearch_graph.harness.writable import parse_path, parse_writable, without_writable, writable_paths
-from ksearch_graph.task import TaskError, TaskSpec, load_task
+from ksearch_graph.tasks.task import TaskError, TaskSpec, load_task
 
 MINIMAL = {"name": "t", "entry_point": "f", "workloads": [{"name": "w", "params": {}}]}
 
@@ -135,7 +135,7 @@ def test_unknown_sizes_are_none():
 
 def test_kernelbench_module_inputs_on_the_meta_device(tmp_path):
     """A module task's inputs: its state dict and forward inputs (the init arguments are not tensors)."""
-    from ksearch_graph.kernelbench import materialise_problem
+    from ksearch_graph.tasks.kernelbench import materialise_problem
 
     folder = materialise_problem(__import__("conftest").REPO / "tests" / "data" / "kernelbench" / "1_Linear_ReLU.py",
                                  tmp_path / "kb")

@@ -58,7 +58,7 @@ def test_installed_wheel_runs_an_llm_search_with_its_prompts(tmp_path, softmax_t
     subpackages = {p.parent.relative_to(REPO).as_posix() for p in PACKAGE.rglob("__init__.py")}
     assert {f"{d}/__init__.py" for d in subpackages} <= names  # every subpackage ships
     prompts = sorted(p.name for p in (PACKAGE / "prompts").glob("*.md"))
-    assert prompts and {f"ksearch_graph/prompts/{p}" for p in prompts} <= names
+    assert prompts and {f"ksearch_graph/search/roles/prompts/{p}" for p in prompts} <= names
 
     python = _fresh_venv(tmp_path / "venv", wheel)
     work = tmp_path / "cwd"

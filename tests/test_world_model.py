@@ -14,8 +14,8 @@ import signal
 
 import pytest
 
-from ksearch_graph.policy import select_actions
-from ksearch_graph.world_model import (
+from ksearch_graph.search.policy import select_actions
+from ksearch_graph.search.world_model import (
     MAX_INIT_NODES,
     MAX_NEW_NODES,
     ROOT,

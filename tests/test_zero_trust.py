@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_graph.evaluation import Status
+from ksearch_graph.tasks.evaluation import Status
 from ksearch_graph.harness.client import SubprocessEvaluator
-from ksearch_graph.task import load_task
+from ksearch_graph.tasks.task import load_task
 
 pytestmark = pytest.mark.slow
 

@@ -45,16 +45,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fake_openai_server import FakeOpenAIServer, Reply  # noqa: E402
 
 from ksearch_graph.config import Budget, SearchConfig  # noqa: E402
-from ksearch_graph.evaluation import EvalResult, Status  # noqa: E402
+from ksearch_graph.tasks.evaluation import EvalResult, Status  # noqa: E402
 from ksearch_graph.harness.client import SubprocessEvaluator  # noqa: E402
 from ksearch_graph.harness.pool import EvaluationPool, Slot  # noqa: E402
-from ksearch_graph.llm import LLMSettings  # noqa: E402
-from ksearch_graph.offline import params_of  # noqa: E402
-from ksearch_graph.context import make_context  # noqa: E402
-from ksearch_graph.search import drive, start  # noqa: E402
-from ksearch_graph.task import load_task  # noqa: E402
-from ksearch_graph.template import render_template  # noqa: E402
-from ksearch_graph.world_model import MAX_INIT_NODES, MAX_NEW_NODES  # noqa: E402
+from ksearch_graph.config import LLMSettings  # noqa: E402
+from ksearch_graph.search.roles.offline import params_of  # noqa: E402
+from ksearch_graph.search.context import make_context  # noqa: E402
+from ksearch_graph.app.runs import drive, start  # noqa: E402
+from ksearch_graph.tasks.task import load_task  # noqa: E402
+from ksearch_graph.search.roles.template import render_template  # noqa: E402
+from ksearch_graph.search.world_model import MAX_INIT_NODES, MAX_NEW_NODES  # noqa: E402
 
 TASK = Path(__file__).resolve().parent.parent / "examples" / "softmax"
 

@@ -2,7 +2,7 @@
 (the one copy of the code, shipped inside the package so a non-editable install has it too). Its flags: --help.
 
 ``--task`` may name any task source ``ksearch run`` takes besides a task folder: a GPU MODE problem folder, a
-KernelBench problem file, a FlashInfer-Trace definition file (ksearch_graph.task_sources). It is turned into a task
+KernelBench problem file, a FlashInfer-Trace definition file (ksearch_graph.tasks.task_sources). It is turned into a task
 folder in a temporary folder, the judge runs on it as a child process, and the folder is removed once the judge is
 done. Otherwise this process is the judge, and imports only the standard library, torch and the harness."""
 import subprocess
@@ -26,8 +26,8 @@ def task_source(argv: list[str]) -> tuple[int, Path] | None:
 
 def evaluate_problem(argv: list[str], i: int, source: Path) -> int:
     """The judge, as a child process, on a task folder made from the task source ``source``."""
-    from ksearch_graph.task import TaskError
-    from ksearch_graph.task_sources import materialise
+    from ksearch_graph.tasks.task import TaskError
+    from ksearch_graph.tasks.task_sources import materialise
 
     with tempfile.TemporaryDirectory(prefix="ksearch-task-") as tmp:
         try:

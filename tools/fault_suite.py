@@ -84,21 +84,21 @@ def ksearch(*args: str, timeout: float = 900, limit_bytes: int | None = None, en
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
-    return subprocess.run([sys.executable, "-m", "ksearch_graph.cli", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ksearch_graph.cli.main", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, preexec_fn=small_disk if limit_bytes is not None else None,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def start(*args: str, output: bool = False, env: dict | None = None) -> subprocess.Popen:
     pipe = subprocess.PIPE if output else subprocess.DEVNULL
-    return subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli", *args], cwd=REPO, stdout=pipe, stderr=pipe,
+    return subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli.main", *args], cwd=REPO, stdout=pipe, stderr=pipe,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def attempts(run: Path) -> list[str]:
     # Read as ksearch's readers read (sqlite_snapshot.py): nothing is created or changed beside the store, and no
     # connection stays open across a fault (one would checkpoint through a stale index into store.sqlite later).
-    from ksearch_graph.sqlite_snapshot import open_read_only
+    from ksearch_graph.rundir.sqlite_snapshot import open_read_only
 
     try:
         with closing(open_read_only(run / "store.sqlite")) as db:
@@ -424,7 +424,7 @@ def digest(run: Path, *, data_only: bool = False) -> dict[str, str]:
     wherever its pages are; not the -shm index nor the lock's holder description, which hold no data)."""
     import hashlib
 
-    from ksearch_graph.sqlite_snapshot import snapshot
+    from ksearch_graph.rundir.sqlite_snapshot import snapshot
 
     out = {}
     for p in sorted(run.rglob("*")):

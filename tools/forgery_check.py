@@ -62,7 +62,7 @@ def bound_rows(trace: Path) -> list[dict]:
 
 def evaluate(label: str, task_dir: Path, files: dict, workloads: str | None = None) -> dict:
     from ksearch_graph.harness.client import SubprocessEvaluator
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     trace = Path(tempfile.mkdtemp(prefix="kfc-")) / "trace.jsonl"
     os.environ["KSEARCH_TIMING_TRACE"] = str(trace)
@@ -140,7 +140,7 @@ def main() -> int:
                         evaluate("softmax seed", ROOT / "examples" / "softmax",
                                  {"kernel.py": (ROOT / "examples" / "softmax" / "seed.py").read_text()})]
     if not args.skip_trimul:
-        from ksearch_graph.task import load_task
+        from ksearch_graph.tasks.task import load_task
 
         trimul = load_task(ROOT / "examples" / "trimul")
         report["honest"].append(evaluate("trimul seed", ROOT / "examples" / "trimul",

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def one(task: str, iterations: int, k: int, samples: int, gpus: str | None, run_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "ksearch_graph.cli", "run", task, "--offline", "--iterations", str(iterations),
+    cmd = [sys.executable, "-m", "ksearch_graph.cli.main", "run", task, "--offline", "--iterations", str(iterations),
            "-k", str(k), "--samples", str(samples), "--run-dir", str(run_dir), "--quiet"]
     if gpus:
         cmd += ["--gpus", gpus]

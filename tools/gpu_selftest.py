@@ -115,7 +115,7 @@ INDEPENDENT_ROUNDS = 3
 
 
 def calibrate(rows: list, evaluations: int = 3, budget_s: float = 1.0) -> None:
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     sys.path.insert(0, str(ROOT / "tools" / "diagnostics"))
     from trace_evaluations import traced_evaluations
@@ -175,7 +175,7 @@ def calibrate(rows: list, evaluations: int = 3, budget_s: float = 1.0) -> None:
 
 def trimul(report: dict) -> None:
     from ksearch_graph.harness.client import SubprocessEvaluator
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     task = load_task(ROOT / "examples" / "trimul")
     evaluator = SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0)
@@ -208,7 +208,7 @@ def sandbox_cost(report: dict, rounds: int = 2) -> None:
     each reuses its reference timings); per workload the mean latency with the sandbox against without, and each
     evaluation's wall time and start-up."""
     from ksearch_graph.harness.client import SubprocessEvaluator
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     task = load_task(ROOT / "examples" / "trimul")
     evaluators = {kind: SubprocessEvaluator(timeout_s=600, workloads="all", time_budget_s=1.0, sandbox=kind,

@@ -33,7 +33,7 @@ def main() -> int:
     p.add_argument("--out", default=".")
     args = p.parse_args()
     from ksearch_graph.harness.client import SubprocessEvaluator
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     jobs = []
     for pair in args.pairs:

@@ -36,12 +36,12 @@ from langchain_core.messages import AIMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 
 from ksearch_graph.config import Budget, SearchConfig  # noqa: E402
-from ksearch_graph.context import make_context  # noqa: E402
-from ksearch_graph.evaluation import EvalResult, Status, WorkloadResult, geometric_mean  # noqa: E402
-from ksearch_graph.llm import LLMSettings  # noqa: E402
-from ksearch_graph.llm_agents import LLMCoder, LLMPlanner  # noqa: E402
-from ksearch_graph.search import drive, start  # noqa: E402
-from ksearch_graph.speed_of_light import SpeedOfLight, task_work  # noqa: E402
+from ksearch_graph.search.context import make_context  # noqa: E402
+from ksearch_graph.tasks.evaluation import EvalResult, Status, WorkloadResult, geometric_mean  # noqa: E402
+from ksearch_graph.config import LLMSettings  # noqa: E402
+from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner  # noqa: E402
+from ksearch_graph.app.runs import drive, start  # noqa: E402
+from ksearch_graph.tasks.speed_of_light import SpeedOfLight, task_work  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER_TASKS = ["gqa_paged_decode_h32_kv4_d128_ps1", "mla_paged_decode_h16_ckv512_kpe64_ps1",
@@ -162,7 +162,7 @@ def cacheable(tokens: int) -> int:
 def run_synthetic(task_dir: str | Path, run_dir: str | Path, *, iterations: int = 30, implausible: str | None = None,
                   samples: int = 1):
     """A search on ``task_dir`` with the stand-ins; returns its RunDir and SearchContext (store still open)."""
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     task = load_task(task_dir)
     settings = LLMSettings(model="stand-in", structured_method="raw", price_prompt_per_mtok=1.25,

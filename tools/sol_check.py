@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ksearch_graph.gpu_specs import gpu_spec  # noqa: E402
+from ksearch_graph.tasks.gpu_specs import gpu_spec  # noqa: E402
 from ksearch_graph.harness.tasks import load_module  # noqa: E402
-from ksearch_graph.speed_of_light import SpeedOfLight, fractions, task_work  # noqa: E402
-from ksearch_graph.task import load_task  # noqa: E402
+from ksearch_graph.tasks.speed_of_light import SpeedOfLight, fractions, task_work  # noqa: E402
+from ksearch_graph.tasks.task import load_task  # noqa: E402
 
 GQA = ROOT / "examples" / "gqa_paged_decode_h32_kv4_d128_ps1"
 TRIMUL = ROOT / "examples" / "trimul"
@@ -120,7 +120,7 @@ def main() -> int:
     cuda = torch.cuda.is_available()
     gpu_name = args.gpu or (torch.cuda.get_device_name() if cuda else "NVIDIA H100 80GB HBM3")
     if gpu_spec(gpu_name) is None:
-        print(f"{gpu_name} is not in ksearch_graph/gpu_specs.py's table: no floor to check", file=sys.stderr)
+        print(f"{gpu_name} is not in ksearch_graph/tasks/gpu_specs.py's table: no floor to check", file=sys.stderr)
         return 2
     evaluator = None
     if cuda and not args.no_evaluate:

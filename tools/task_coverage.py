@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ksearch_graph.task import TaskError, load_task  # noqa: E402
-from ksearch_graph.task_sources import discover, materialise, reference_candidate  # noqa: E402
+from ksearch_graph.tasks.task import TaskError, load_task  # noqa: E402
+from ksearch_graph.tasks.task_sources import discover, materialise, reference_candidate  # noqa: E402
 
 
 

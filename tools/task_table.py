@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ksearch_graph.harness.client import SubprocessEvaluator  # noqa: E402
-from ksearch_graph.task import load_task  # noqa: E402
+from ksearch_graph.tasks.task import load_task  # noqa: E402
 
 
 def table(task_dir: str, workloads: str, budget_s: float) -> str:

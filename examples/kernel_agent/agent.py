@@ -16,7 +16,7 @@ from pathlib import Path
 from langchain_core.tools import tool
 from langchain.agents import create_agent
 
-from ksearch_graph.compose import optimize_kernel
+from ksearch_graph.app.compose import optimize_kernel
 
 WORKDIR = Path("runs") / "kernel_agent"
 
@@ -46,7 +46,7 @@ def write_kernel_task(name: str, spec: str, reference_code: str, workloads: list
         "entry_point": entry_point, "solution_file": "kernel.py", "seed_solution": "seed.py",
         "tolerance": {"atol": 1e-4, "rtol": 1e-4}, "workloads": workloads,
     }, indent=2))
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     load_task(folder)  # a malformed task is the agent's error to fix, reported back as the tool's error
     return str(folder)

@@ -1,6 +1,6 @@
 """The parent's side of the harness: ``SubprocessEvaluator`` runs the judge process (``judge.py``, also reachable as
 ``tools/evaluate_candidate.py``) in a fresh child process per candidate, in its own process group, killed as a group
-on timeout, and turns whatever happens there into an ``EvalResult`` (``ksearch_graph.evaluation``)."""
+on timeout, and turns whatever happens there into an ``EvalResult`` (``ksearch_graph.tasks.evaluation``)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import weakref
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from ..evaluation import EvalResult, Status
-from ..task import Task
+from ksearch_graph.tasks.evaluation import EvalResult, Status
+from ksearch_graph.tasks.task import Task
 from . import compile_cache
 from .sandbox import unavailable_reason
 

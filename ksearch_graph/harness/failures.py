@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ..evaluation import EvalResult, Status
+from ksearch_graph.tasks.evaluation import EvalResult, Status
 
 # What judge.py and client.py write when the failure is theirs or the task's (tests/test_infrastructure.py checks
 # that they still do):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import SearchConfig
-from ..evaluation import Evaluator
+from ksearch_graph.config import SearchConfig
+from ksearch_graph.tasks.evaluation import Evaluator
 from .client import SubprocessEvaluator, gpu_driver_present
 from .pool import PoolError
-from ..task import Task
+from ksearch_graph.tasks.task import Task
 
 
 @dataclass

@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..evaluation import EvalResult, Evaluator, Status
+from ksearch_graph.tasks.evaluation import EvalResult, Evaluator, Status
 from .client import gpu_driver_present
 from .failures import infrastructure_error
-from ..task import Task
+from ksearch_graph.tasks.task import Task
 
 HEALTH_CHECK = ("import torch; x = torch.ones(1 << 20, device='cuda'); torch.cuda.synchronize(); "
                 "assert float(x.sum()) == float(1 << 20)")

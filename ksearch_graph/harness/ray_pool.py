@@ -29,8 +29,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..evaluation import EvalResult
-from ..task import Task
+from ksearch_graph.tasks.evaluation import EvalResult
+from ksearch_graph.tasks.task import Task
 from . import ray_shipping
 from .failures import infrastructure_error
 from .pool import Interval, PoolError, busy_share
@@ -226,7 +226,7 @@ def evaluate_on_worker(bundle: bytes, digest: str, files: dict[str, str], attemp
                        settings: dict, job: str) -> tuple[str, float, float]:
     """Runs in a Ray worker: unpack the task once per node, evaluate like a local slot, return the result's JSON."""
     from .client import SubprocessEvaluator
-    from ..task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     start = time.time()
     task = load_task(ray_shipping.unpack_task(bundle, digest, job))

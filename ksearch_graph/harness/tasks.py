@@ -47,7 +47,7 @@ def prepare(entry, inputs: tuple, kind: str, device: str):
 def read_task(task_dir: str, only: list[str] | None) -> dict:
     with open(os.path.join(task_dir, "task.json")) as f:
         task = json.load(f)
-    # Defaults mirror TaskSpec in ksearch_graph/task.py (the harness's processes do not import it).
+    # Defaults mirror TaskSpec in ksearch_graph/tasks/task.py (the harness's processes do not import it).
     task.setdefault("reference", "reference.py")
     task.setdefault("solution_file", "kernel.py")
     task.setdefault("language", "triton")

@@ -108,7 +108,7 @@ def idle_study(timer, torch) -> None:
 def evaluations(budgets=(0.5,), count: int = 2) -> None:
     from ksearch_graph.harness.session import TRACE_ENV
     from ksearch_graph.harness.client import SubprocessEvaluator
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     folder = Path(tempfile.mkdtemp()) / "task"
     shutil.copytree(ROOT / "tests" / "cheats" / "task", folder)

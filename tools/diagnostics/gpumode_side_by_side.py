@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (problem / "task.yml").is_file() or missing:
         p.error(f"no task.yml in {problem}" if not missing else f"no such submission: {missing[0]}")
     sys.path.insert(0, str(ROOT))
-    from ksearch_graph.gpumode import materialise_gpumode
+    from ksearch_graph.tasks.gpumode import materialise_gpumode
 
     deadline = STARTED + args.deadline_s
     report: dict = {}

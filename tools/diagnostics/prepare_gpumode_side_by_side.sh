@@ -6,7 +6,7 @@
 #   .gpumode/submissions/*.py                           the public TriMul submissions of K-Search's results folder
 #   .gpumode/SOURCES.txt                                the commits they came from
 #   .gpumode/pylib/yaml/                                PyYAML's pure-Python package, from $PYTHON's, for a GPU host
-#                                                       without it (PYTHONPATH=.gpumode/pylib; ksearch_graph.gpumode
+#                                                       without it (PYTHONPATH=.gpumode/pylib; ksearch_graph.tasks.gpumode
 #                                                       reads task.yml with it)
 #
 #   tools/diagnostics/prepare_gpumode_side_by_side.sh [REFERENCE_KERNELS_GIT] [KSEARCH_GIT]

@@ -53,7 +53,7 @@ def traced_evaluations(task, files: dict, evaluations: int, budget_s: float, lab
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ksearch_graph.task import load_task
+    from ksearch_graph.tasks.task import load_task
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("task", nargs="?", default=str(ROOT / "examples" / "trimul"))

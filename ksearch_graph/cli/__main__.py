@@ -1,0 +1,3 @@
+from ksearch_graph.cli.main import main
+
+raise SystemExit(main())

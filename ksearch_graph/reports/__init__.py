@@ -1,0 +1,1 @@
+"""What a finished run becomes: the HTML/Markdown report, exported kernels, FlashInfer-Trace solutions."""
