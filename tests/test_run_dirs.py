@@ -56,6 +56,22 @@ def test_bad_numbers_are_usage_errors_that_write_nothing(small_run, tmp_path):
     assert info["iterations_done"] == 3 == info["iteration_budget"] and info["status"] == "finished"
 
 
+def test_a_run_made_by_an_earlier_layout_of_the_package_resumes(tmp_path):
+    """tests/data/run_dirs/softmax_2026_12: 3 iterations made by the code before the package moved into rooms
+    (Dec 2026). Run directories outlive code moves: it reads, resumes and branches with today's code."""
+    copy = tmp_path / "old"
+    shutil.copytree(REPO / "tests" / "data" / "run_dirs" / "softmax_2026_12", copy)
+    before = show_json(copy)
+    assert before["iterations_done"] == 3 and before["status"] == "finished", before
+    rows = _attempts(copy)
+    run_cli("resume", str(copy), "--more", "1", "--quiet", check=True)
+    after = show_json(copy)
+    assert after["iterations_done"] == 4 == after["iteration_budget"] and after["status"] == "finished", after
+    assert _attempts(copy)[:3] == rows and len(_attempts(copy)) == 4
+    proc = run_cli("history", str(copy), check=True)
+    assert "update_world_model" in proc.stdout
+
+
 def test_broken_pipe_and_missing_files_give_no_traceback(small_run, tmp_path):
     for command in (f"show {small_run} --json | head -1", f"history {small_run} | head -2"):
         proc = subprocess.run(f"{sys.executable} -m ksearch_graph.cli.main {command}", shell=True, cwd=REPO,
