@@ -65,7 +65,7 @@ class SearchConfig(BaseModel):
     approve_plans: bool = False
     max_edit_retries: int = Field(2, ge=0, le=5, description="re-asks when the planner's edit is rejected")
     eval_timeout_s: float = Field(180, gt=0)
-    # Where candidates' code runs (harness/sandbox.py): bubblewrap, or "none" on a host without it (every result's
+    # Where candidates' code runs (harness/judge/sandbox.py): bubblewrap, or "none" on a host without it (every result's
     # ``isolation`` says so). Kept with the run: a resume evaluates as the run began unless --sandbox says otherwise.
     sandbox: Literal["bwrap", "none"] = "bwrap"
     # Timing budget per workload (candidate and reference each). None: 1 s with a GPU; 0.25 s without,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ksearch_graph.harness.build_errors import MAX_CHARS, build_error_excerpt
+from ksearch_graph.harness.candidate.build_errors import MAX_CHARS, build_error_excerpt
 
 BUILD = "/root/.cache/ksearch/torch-extensions/ksearch_ext_0123456789abcdef"
 NVCC = f"""Error building extension 'ksearch_ext_0123456789abcdef': [1/3] /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile --dependency-output kernel.cuda.o.d -DTORCH_EXTENSION_NAME=ksearch_ext -I{BUILD}/src -isystem /usr/include/python3.11 -O3 --use_fast_math -c {BUILD}/src/kernel.cu -o kernel.cuda.o

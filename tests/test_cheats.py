@@ -47,7 +47,7 @@ import pytest
 
 import ksearch_graph
 from ksearch_graph.tasks.evaluation import EvalResult, Status
-from ksearch_graph.harness.client import SubprocessEvaluator
+from ksearch_graph.harness.parent.client import SubprocessEvaluator
 from ksearch_graph.tasks.task import Task, load_task
 
 pytestmark = pytest.mark.slow  # every cheat is caught by whole evaluations (two processes each)
@@ -166,7 +166,7 @@ def kill_pids(pids: list[int]) -> None:
 _SECRETS_HELPER = """\
 import sys
 from pathlib import Path
-from ksearch_graph.harness.client import SubprocessEvaluator
+from ksearch_graph.harness.parent.client import SubprocessEvaluator
 from ksearch_graph.tasks.task import load_task
 task_root, candidate, workdir, timeout_s, budget_s = sys.argv[1:6]
 ev = SubprocessEvaluator(timeout_s=float(timeout_s), time_budget_s=float(budget_s), workdir=workdir)
@@ -389,7 +389,7 @@ def test_an_interpreter_hook_is_suspicious(evaluations, name):
     """Hooks through which Python would run the candidate's code after its call returned, before the harness copied
     the output (a lazy result, computed untimed): a garbage-collector callback, a profile function, a sys.monitoring
     tool or a trace function, a signal handler, a torch function mode. No kernel needs one. Profile and trace
-    functions and monitoring callbacks are blocked when set (harness/audit.py: they also run inside the harness's
+    functions and monitoring callbacks are blocked when set (harness/candidate/audit.py: they also run inside the harness's
     frames); the others are found after the call."""
     r = evaluations[name]
     found = ("reached for the harness's own objects" if name in ("profile_hook", "event_hook")
@@ -402,7 +402,7 @@ def test_an_output_that_computes_itself_when_read_does_not_pass(evaluations, hon
     """A tensor subclass (its __torch_function__), a list subclass (its __iter__) or a patched torch.Tensor.clone
     that computes the result when the harness reads or copies it: the harness copies outputs without running
     candidate code. The collector turned back on is turned off again right after the call; a profile function
-    set from C (invisible to sys.getprofile) is blocked when set (harness/audit.py)."""
+    set from C (invisible to sys.getprofile) is blocked when set (harness/candidate/audit.py)."""
     r = evaluations[name]
     assert r.status in WRONG and r.score == 0, show(r)
 

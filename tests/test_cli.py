@@ -205,7 +205,7 @@ def test_llm_search_through_the_real_openai_client(tmp_path, softmax_task):
 
 def _evaluation_children(search_pid: int) -> int:
     """Judge processes of this search (their environment names it: KSEARCH_PARENT_PID), not other tests' ones."""
-    out = subprocess.run(["pgrep", "-f", "harness/judge.py"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", "harness/judge/judge.py"], capture_output=True, text=True).stdout
     mine = 0
     for pid in out.split():
         try:

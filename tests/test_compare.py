@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from ksearch_graph.harness import compare
+from ksearch_graph.harness.judge import compare
 
 TOL = {"atol": 1e-3, "rtol": 1e-3, "matched_ratio": 1.0}
 

@@ -125,7 +125,7 @@ def test_make_inputs_and_reference(task_folder):
 def test_a_task_sent_to_ray_carries_its_data_files(task_folder, tmp_path):
     """The task folder names its safetensors blob by an absolute path on this machine; the archive a Ray worker gets
     carries the blob and names it inside the task, and the worker's copy makes the same inputs."""
-    from ksearch_graph.harness.ray_shipping import external_data_files, pack_task, unpack_task
+    from ksearch_graph.harness.parent.ray_shipping import external_data_files, pack_task, unpack_task
 
     blobs = external_data_files(task_folder)
     assert len(blobs) == 1 and blobs[0].endswith(".safetensors")
@@ -140,7 +140,7 @@ def test_a_task_sent_to_ray_carries_its_data_files(task_folder, tmp_path):
         there = load_module("fi_there", copy / "reference.py").make_inputs(spec.workloads[2].params, 5, "cpu")
         assert torch.equal(here[0], there[0]) and torch.equal(here[1], there[1])
     finally:
-        from ksearch_graph.harness.ray_shipping import cleanup_on_node
+        from ksearch_graph.harness.parent.ray_shipping import cleanup_on_node
 
         assert cleanup_on_node("job-x") and not copy.exists()
     gone = tmp_path / "gone"

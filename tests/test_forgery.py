@@ -6,7 +6,7 @@ walking frames, tracebacks or threads' frames, through the runner's module, or b
 rebinding, by swapping code, by editing closure cells, through ctypes, by a trace or profile function that rewrites
 the timer's frame's locals, by a thread that patches and restores, by a
 clock that restores itself, or by rewriting the message that carries the timings. Every one must be judged
-``suspicious`` (harness/audit.py blocks the search, harness/integrity.py sees the change, harness/time_bound.py's
+``suspicious`` (harness/candidate/audit.py blocks the search, harness/candidate/integrity.py sees the change, harness/judge/time_bound.py's
 clock contradicts what an attacker that blinded both reports), on CPU here and on a GPU
 (``pytest -m '' tests/test_forgery.py`` on the GPU host), and the honest candidate must still pass.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ksearch_graph.tasks.evaluation import EvalResult, Status
-from ksearch_graph.harness.client import SubprocessEvaluator
+from ksearch_graph.harness.parent.client import SubprocessEvaluator
 from ksearch_graph.tasks.task import load_task
 
 pytestmark = pytest.mark.slow  # every test runs whole evaluations (judge and candidate processes)
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow  # every test runs whole evaluations (judge and ca
 CHEATS = Path(__file__).resolve().parent / "cheats"
 # What each cheat must be caught by, as the log names it: audit.py's block or integrity.py's change.
 BLOCKED, CHANGED = "reached for the harness's own objects", "changed the harness's own objects"
-BOUND = "the judge's clock"  # harness/time_bound.py: what an attacker that blinds the in-process guards meets
+BOUND = "the judge's clock"  # harness/judge/time_bound.py: what an attacker that blinds the in-process guards meets
 SCHEMA = "the protocol does not allow"  # harness/wire.py: a forged clock that sent a negative time
 FORGERIES = {
     "forge_gc_class": BLOCKED, "forge_gc_scan": BLOCKED, "forge_thread_frames": BLOCKED,

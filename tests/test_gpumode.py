@@ -145,7 +145,7 @@ CANDIDATES = {
     ("replaces_weight", "passed", []),
 ])
 def test_gpumode_submissions_are_judged_as_upstream_judges_them(task_folder, tmp_path, name, status, flags):
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
 
     task = load_task(task_folder)
     result = SubprocessEvaluator(timeout_s=120, time_budget_s=0.05).evaluate(
@@ -260,7 +260,7 @@ SLOW_LAUNCH = ("import time\n\ndef custom_kernel(data):\n    x, w, _ = data\n   
 def test_end_to_end_timing_counts_the_calls_host_time(tmp_path, timing):
     """300 us of host work before a small matmul: under the launch cover (device) it is hidden, end to end it
     counts."""
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
 
     folder = materialise_gpumode(PROBLEM, tmp_path / "task")
     spec = json.loads((folder / "task.json").read_text())
@@ -285,9 +285,10 @@ def judge_call(folder: Path, submission: str, workload: int = 0, seed: int = 0):
     """What the judge does with one call of a materialised problem, in this process: its inputs, the candidate's call
     on its own inputs, then the task's check (or the elementwise comparison) and the unchanged-inputs check with the
     writable inputs left out. Returns (status, message, the judge's inputs after the check)."""
-    from ksearch_graph.harness.compare import compare, same
+    from ksearch_graph.harness.judge.compare import compare, same
     from ksearch_graph.harness.task_checks import run_check
-    from ksearch_graph.harness.tasks import load_module, read_task
+    from ksearch_graph.harness.tasks import read_task
+    from ksearch_graph.harness.modules import load_module
     from ksearch_graph.harness.tensors import as_tensors, clone
     from ksearch_graph.harness.writable import without_writable, writable_paths
 
@@ -401,7 +402,7 @@ def test_a_problem_that_needs_a_gpu_is_unavailable_here(tmp_path):
 def test_cpu_side_distributions_are_sampled_on_the_evaluation_device(tmp_path):
     """TriMul draws its Cauchy input from torch.distributions on the CPU (seconds per call at its sizes, in both
     processes, for every timed call): the task draws it on the device the harness asks for."""
-    from ksearch_graph.harness.tasks import load_module
+    from ksearch_graph.harness.modules import load_module
 
     problem = tmp_path / "cauchy"
     problem.mkdir()
@@ -434,7 +435,7 @@ def test_the_judge_runs_the_problems_check_honours_buffers_and_requirements(tmp_
     `unavailable` here with the reason."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
 
     buffers = load_task(materialise_gpumode(FAMILY / "buffers", tmp_path / "buffers"))
     prefix = load_task(materialise_gpumode(FAMILY / "prefix", tmp_path / "prefix"))

@@ -23,25 +23,41 @@ from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, insert, kernel_answ
 
 
 def test_the_failure_markers_are_what_the_harness_writes():
-    """failures.classify recognises the judge's and the client's own words: they must still be there."""
-    from ksearch_graph.harness import failures
-
+    """failures.classify recognises the judge's and the client's own words: each is defined once (harness/job.py,
+    parent/failures.py) and the modules that write it use that name."""
     harness = REPO / "ksearch_graph" / "harness"
     judge, client, runner, runner_process = ((harness / name).read_text() for name in
-                                             ("judge.py", "client.py", "runner.py", "runner_process.py"))
-    assert failures.TASK_REFERENCE in judge and f'"{failures.JUDGE_CRASH.strip()}' in judge
-    for marker in (failures.JUDGE_LOST, failures.CANNOT_START, failures.UNREADABLE):
+                                             ("judge/judge.py", "parent/client.py", "candidate/runner.py",
+                                              "judge/runner_process.py"))
+    assert "{TASK_REFERENCE}" in judge and "clip(JUDGE_CRASH +" in judge
+    for marker in ("{JUDGE_LOST}", "{CANNOT_START}", "{UNREADABLE}"):
         assert marker in client, marker
-    assert failures.REFERENCE_IN_RUNNER in runner
-    assert f'f"{failures.RUNNER_DIED}{{how}} during {{self.phase}}' in runner_process
-    joined = re.sub(r'"\s*\n\s*"', "", judge)  # string literals continued on the next line, as one
-    for phase in failures.BEFORE_CANDIDATE_CODE:  # the judge's requests before the candidate's code is imported
-        assert joined.index(f'"{phase}"') < joined.index('"compiling (importing) the candidate"'), phase
+    assert "{REFERENCE_IN_RUNNER}" in runner and "{RUNNER_DIED}{how} during {self.phase}" in runner_process
+    # the judge's requests before the candidate's code is imported
+    assert judge.index("timeout_s, STARTING_RUNNER") < judge.index("timeout_s, LOADING_TASK") < judge.index(
+        '"compiling (importing) the candidate"')
+
+
+def test_the_judge_options_and_job_travel_intact():
+    from ksearch_graph.harness.job import Job, JudgeOptions
+
+    options = JudgeOptions(candidate="/c", out="/o.json", job_from_stdin=True, time_budget_s=0.25,
+                           memory_limit_gb=8.0, no_network_isolation=True, sandbox="none", eval_cache="/e")
+    assert JudgeOptions.parse(options.command_line(), "judge") == options
+    job = Job("/task", "a,b", {"key": "k", "workloads": {}})
+    assert Job.from_json(job.to_json().decode()) == job
+    assert JudgeOptions.parse(["--job-from-stdin", "--candidate", "c", "--out", "o"], "j").with_job(job).task == "/task"
+    for bad, words in (("[]", "JSON object"), ("{", "not valid JSON"), ('{"task": 3}', "task folder"),
+                       ('{"task": "t", "timings": [1]}', "'timings'"), ('{"task": "t", "extra": 1}', "unknown")):
+        with pytest.raises(ValueError, match=words):
+            Job.from_json(bad)
+    with pytest.raises(SystemExit):  # neither a task nor a job to wait for
+        JudgeOptions.parse(["--candidate", "c", "--out", "o"], "judge")
 
 
 def test_classify_tells_the_tasks_and_the_harness_failures_from_the_candidates():
     from ksearch_graph.tasks.evaluation import EvalResult, Status
-    from ksearch_graph.harness.failures import classify
+    from ksearch_graph.harness.parent.failures import classify
 
     def kind(status, log, reference=None):
         result = classify(EvalResult(status=status, log_excerpt=log), reference=reference)
@@ -104,7 +120,7 @@ def _judges_of(pid: int) -> list[int]:
                 cmd = f.read()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == pid and b"harness/judge.py" in cmd:
+        if ppid == pid and b"harness/judge/judge.py" in cmd:
             found.append(int(entry))
     return found
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from ksearch_graph.tasks.evaluation import EvalResult, Status
-from ksearch_graph.harness.client import SubprocessEvaluator
+from ksearch_graph.harness.parent.client import SubprocessEvaluator
 from ksearch_graph.tasks.task import Task, load_task
 
 CUDA = torch.cuda.is_available()
@@ -471,7 +471,7 @@ def test_a_search_on_a_gpu_host_starts_its_first_evaluations_processes_as_it_sta
     """The evaluator a search makes for itself prestarts on a GPU host, before the first candidate exists, and
     those processes time the search's task's reference while they wait."""
     from ksearch_graph.search import context
-    from ksearch_graph.harness import client
+    from ksearch_graph.harness.parent import client
     from ksearch_graph.config import SearchConfig
 
     task = write_task(tmp_path / "task")
@@ -592,7 +592,7 @@ def test_a_malformed_job_is_reported_in_the_result(tmp_path, job, message):
     """The judge started ahead of its job writes a result saying what was wrong with the job, not nothing."""
     (tmp_path / "candidate").mkdir()
     out = tmp_path / "result.json"
-    child = Path(__file__).resolve().parents[1] / "ksearch_graph" / "harness" / "judge.py"
+    child = Path(__file__).resolve().parents[1] / "ksearch_graph" / "harness" / "judge" / "judge.py"
     proc = subprocess.run([sys.executable, str(child), "--job-from-stdin", "--candidate", str(tmp_path / "candidate"),
                            "--out", str(out)], input=job, text=True, capture_output=True, timeout=120,
                           env=dict(os.environ, TMPDIR=str(tmp_path)))

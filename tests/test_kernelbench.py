@@ -67,7 +67,7 @@ def test_make_inputs_is_deterministic_and_reference_matches(task_folder):
 
 @pytest.mark.slow
 def test_seed_model_new_passes_the_harness(task_folder):
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
 
     task = load_task(task_folder)
     result = SubprocessEvaluator(timeout_s=120, time_budget_s=0.1).evaluate(

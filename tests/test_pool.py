@@ -21,8 +21,8 @@ from collections import Counter
 
 import pytest
 from conftest import REPO, SOFTMAX, kernel_answer, run_cli
-from ksearch_graph.harness.client import SubprocessEvaluator
-from ksearch_graph.harness.pool import local_pool
+from ksearch_graph.harness.parent.client import SubprocessEvaluator
+from ksearch_graph.harness.parent.pool import local_pool
 
 
 def _kernel(task, **params) -> dict[str, str]:
@@ -79,7 +79,7 @@ def _judges_of(pid: int) -> list[int]:
                 cmd = f.read()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == pid and b"harness/judge.py" in cmd:
+        if ppid == pid and b"harness/judge/judge.py" in cmd:
             found.append(int(entry))
     return found
 

@@ -64,7 +64,7 @@ def _ray_workers_evaluating() -> list[int]:
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if b"harness/judge.py" not in f.read():
+                if b"harness/judge/judge.py" not in f.read():
                     continue
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])

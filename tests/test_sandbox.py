@@ -1,4 +1,4 @@
-"""The candidate's process in its OS sandbox (harness/sandbox.py, cgroup.py): what it is allowed, and, against a
+"""The candidate's process in its OS sandbox (harness/judge/sandbox.py, cgroup.py): what it is allowed, and, against a
 candidate written to do harm, that it plants nothing, reads no secret, kills no neighbour and makes the judge open no
 connection (tests/cheats/plant_files.py, read_secrets.py, kill_neighbours.py, address_message.py).
 
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from ksearch_graph.tasks.evaluation import Status
-from ksearch_graph.harness import sandbox
-from ksearch_graph.harness.cgroup import CpuAccount, CpuGroup, ProcessTree
-from ksearch_graph.harness.client import SandboxUnavailable, SubprocessEvaluator
+from ksearch_graph.harness.judge import sandbox
+from ksearch_graph.harness.judge.cgroup import CpuAccount, CpuGroup, ProcessTree
+from ksearch_graph.harness.parent.client import SandboxUnavailable, SubprocessEvaluator
 from ksearch_graph.tasks.task import load_task
 
 CHEATS = Path(__file__).resolve().parent / "cheats"
@@ -98,7 +98,7 @@ def test_without_bubblewrap_the_evaluator_refuses_with_the_install_hint(monkeypa
     monkeypatch.setenv(sandbox.BWRAP_ENV, "/nonexistent/bwrap")
     reason = sandbox.unavailable_reason.__wrapped__()
     assert "does not run" in reason and "apt-get install bubblewrap" in reason and "--sandbox none" in reason
-    monkeypatch.setattr("ksearch_graph.harness.client.unavailable_reason", lambda: reason)
+    monkeypatch.setattr("ksearch_graph.harness.parent.client.unavailable_reason", lambda: reason)
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
         SubprocessEvaluator()
     SubprocessEvaluator(sandbox="none")  # explicit: runs, and its results say so

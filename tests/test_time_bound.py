@@ -1,8 +1,8 @@
-"""harness/time_bound.py: the judge's own bound on a candidate's device time, on figures shaped like real bursts."""
+"""harness/judge/time_bound.py: the judge's own bound on a candidate's device time, on figures shaped like real bursts."""
 
 import pytest
 
-from ksearch_graph.harness import time_bound as tb
+from ksearch_graph.harness.judge import time_bound as tb
 from ksearch_graph.harness.policy import POLICY
 
 

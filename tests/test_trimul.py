@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ksearch_graph.tasks.evaluation import Status
-from ksearch_graph.harness.client import SubprocessEvaluator
+from ksearch_graph.harness.parent.client import SubprocessEvaluator
 from ksearch_graph.tasks.task import load_task
 
 pytestmark = pytest.mark.slow  # evaluations of TriMul candidates

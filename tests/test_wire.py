@@ -129,12 +129,12 @@ def test_the_two_processes_import_only_the_standard_library_torch_and_the_harnes
     """Importing the judge's and the runner's modules loads neither torch (the runner leaves its network namespace
     first) nor anything of the rest of ksearch_graph or its LLM stack."""
     code = ("import sys, json; sys.path.insert(0, sys.argv[1]);"
-            "import ksearch_graph.harness.judge, ksearch_graph.harness.runner;"
+            "import ksearch_graph.harness.judge.judge, ksearch_graph.harness.candidate.runner;"
             "print(json.dumps(sorted(sys.modules)))")
     mods = json.loads(subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True,
                                      check=True).stdout)
     ours = {m for m in mods if m.startswith("ksearch_graph")}
     assert ours and all(m == "ksearch_graph" or m.startswith("ksearch_graph.harness") for m in ours), ours
-    assert "ksearch_graph.harness.client" not in ours
+    assert "ksearch_graph.harness.parent.client" not in ours
     heavy = [m for m in mods if m.split(".")[0] in ("torch", "triton", "pydantic", "langgraph", "langchain_core")]
     assert heavy == []

@@ -3,7 +3,7 @@
 Each candidate here takes the harness's own socket at import and speaks the protocol itself (tests/cheats/takeover.py),
 so no in-process guard ever runs: what stops it is only what the judge checks itself, the schema of every message
 (harness/wire.py), its own copy of every output taken when the candidate says it is done (harness/lending.py), and its
-own clock around each timed call, on CPU the CPU time of the candidate's whole process tree (harness/time_bound.py,
+own clock around each timed call, on CPU the CPU time of the candidate's whole process tree (harness/judge/time_bound.py,
 cgroup.py). Every one must fail as suspicious or incorrect, and the honest candidate must pass.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ksearch_graph.tasks.evaluation import Status
-from ksearch_graph.harness.client import SubprocessEvaluator
+from ksearch_graph.harness.parent.client import SubprocessEvaluator
 from ksearch_graph.tasks.task import load_task
 
 pytestmark = pytest.mark.slow

@@ -46,8 +46,8 @@ from fake_openai_server import FakeOpenAIServer, Reply  # noqa: E402
 
 from ksearch_graph.config import Budget, SearchConfig  # noqa: E402
 from ksearch_graph.tasks.evaluation import EvalResult, Status  # noqa: E402
-from ksearch_graph.harness.client import SubprocessEvaluator  # noqa: E402
-from ksearch_graph.harness.pool import EvaluationPool, Slot  # noqa: E402
+from ksearch_graph.harness.parent.client import SubprocessEvaluator  # noqa: E402
+from ksearch_graph.harness.parent.pool import EvaluationPool, Slot  # noqa: E402
 from ksearch_graph.config import LLMSettings  # noqa: E402
 from ksearch_graph.search.roles.offline import params_of  # noqa: E402
 from ksearch_graph.search.context import make_context  # noqa: E402
@@ -128,7 +128,7 @@ def ray_standin(bundle: bytes, digest: str, files: dict[str, str], attempt_id: s
                 job: str) -> tuple[str, float, float]:
     """On a Ray worker holding one logical GPU, in place of the harness (``evaluate_on_worker``'s signature): the
     product's task unpacking, then the stand-in evaluation for a time drawn from the attempt's id."""
-    from ksearch_graph.harness import ray_shipping
+    from ksearch_graph.harness.parent import ray_shipping
 
     start = time.time()
     ray_shipping.unpack_task(bundle, digest, job)
@@ -146,7 +146,7 @@ def ray_standin_pool(gpus: int, mean_s: float, jitter_s: float, seed: int):
     has 2 CPUs)."""
     import ray
 
-    from ksearch_graph.harness.ray_pool import RayPool
+    from ksearch_graph.harness.parent.ray_pool import RayPool
 
     class RayStandInPool(RayPool):
         def _remote_fn(self):
@@ -174,7 +174,7 @@ def ray_dispatch_ms(samples: int = 20) -> float:
 
 
 def utilisation(intervals, slots: int, since: float, until: float) -> float:
-    from ksearch_graph.harness.pool import busy_share
+    from ksearch_graph.harness.parent.pool import busy_share
 
     return busy_share(intervals, slots, since, until)
 

@@ -73,7 +73,7 @@ def main() -> int:
     p.add_argument("--out", default=".")
     p.add_argument("--budget-s", type=float, default=0.2)
     args = p.parse_args()
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
     from ksearch_graph.tasks.task import load_task
 
     folder = Path(tempfile.mkdtemp(prefix="bound-")) / "task"

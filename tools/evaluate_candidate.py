@@ -1,4 +1,4 @@
-"""Evaluate one candidate from a checkout, as the search does: the judge process of ksearch_graph/harness/judge.py
+"""Evaluate one candidate from a checkout, as the search does: the judge process of ksearch_graph/harness/judge/judge.py
 (the one copy of the code, shipped inside the package so a non-editable install has it too). Its flags: --help.
 
 ``--task`` may name any task source ``ksearch run`` takes besides a task folder: a GPU MODE problem folder, a
@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-JUDGE = ROOT / "ksearch_graph" / "harness" / "judge.py"
+JUDGE = ROOT / "ksearch_graph" / "harness" / "judge" / "judge.py"
 
 
 def task_source(argv: list[str]) -> tuple[int, Path] | None:
@@ -42,6 +42,6 @@ sys.path.insert(0, str(ROOT))
 found = task_source(sys.argv[1:])
 if found is not None:
     sys.exit(evaluate_problem(sys.argv[1:], *found))
-from ksearch_graph.harness.judge import process_main  # noqa: E402  (stdlib, torch and the harness only)
+from ksearch_graph.harness.judge.judge import process_main  # noqa: E402  (stdlib, torch and the harness only)
 
 process_main()

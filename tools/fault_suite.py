@@ -615,7 +615,7 @@ def local_infrastructure(work: Path) -> list[Outcome]:
     charged), then, resumed, two deaths of one evaluation (tried again, charged to no candidate)."""
     run = work / "judges-killed"
     proc = start("run", str(TASK), "--run-dir", str(run), "--iterations", "2", "--quiet", output=True)
-    killer = Killer(lambda: children(proc.pid, b"harness/judge.py"), 99, lambda: (run / "run.json").exists())
+    killer = Killer(lambda: children(proc.pid, b"harness/judge/judge.py"), 99, lambda: (run / "run.json").exists())
     killer.start()
     out, err = proc.communicate(timeout=900)
     killer.done.set()
@@ -627,7 +627,7 @@ def local_infrastructure(work: Path) -> list[Outcome]:
                                                              f"{len(attempts(run))} attempts: {err.strip()[9:90]}...")]
     before = set(attempts(run))
     proc = start("resume", str(run), "--quiet", output=True)
-    killer = Killer(lambda: children(proc.pid, b"harness/judge.py"), 2, lambda: True)
+    killer = Killer(lambda: children(proc.pid, b"harness/judge/judge.py"), 2, lambda: True)
     killer.start()
     out, err = proc.communicate(timeout=900)
     killer.done.set()
@@ -708,7 +708,7 @@ def ray_faults(work: Path) -> list[Outcome]:
             found = []
             for entry in os.listdir("/proc"):
                 with contextlib.suppress(OSError, IndexError, ValueError):
-                    if entry.isdigit() and b"harness/judge.py" in open(f"/proc/{entry}/cmdline", "rb").read():
+                    if entry.isdigit() and b"harness/judge/judge.py" in open(f"/proc/{entry}/cmdline", "rb").read():
                         ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
                         if open(f"/proc/{ppid}/cmdline", "rb").read().startswith(b"ray::"):
                             found.append(ppid)

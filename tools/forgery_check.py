@@ -6,11 +6,11 @@
    passes) and tests/test_time_bound.py, GPU tests included.
 2. Honest candidates, each evaluated with a timing trace: the cheat task's honest candidate, the softmax example's
    seed and (unless --skip-trimul) TriMul's seed, all workloads. Per timed workload: status, mean latency, and the
-   judge's bound (harness/time_bound.py) on its bursts: the device floor the judge's clock leaves per call (the
+   judge's bound (harness/judge/time_bound.py) on its bursts: the device floor the judge's clock leaves per call (the
    burst's quantile of its calls' floors), the median reported time, the threshold a forgery must stay under, and
    floor / threshold (below 1: passes; the closer to 1, the tighter the bound for that call length); a burst the
    judge dropped and timed again (its clock or the side-stream rule) is marked.
-3. The guards' own cost in this process (harness/forgery.py): the integrity check per timed call, without and with
+3. The guards' own cost in this process (harness/candidate/forgery.py): the integrity check per timed call, without and with
    the audit hook, and the hook's cost per audit event (a function's ``__code__`` read, the commonest event in the
    harness's own checks).
 Compare the latencies with BENCHMARKS.md's last figures (TriMul's seed: its geomean and per-workload means); run
@@ -40,7 +40,7 @@ def run_tests() -> int:
 
 
 def bound_rows(trace: Path) -> list[dict]:
-    from ksearch_graph.harness import time_bound as tb
+    from ksearch_graph.harness.judge import time_bound as tb
 
     rows = []
     for line in trace.read_text().splitlines() if trace.exists() else []:
@@ -61,7 +61,7 @@ def bound_rows(trace: Path) -> list[dict]:
 
 
 def evaluate(label: str, task_dir: Path, files: dict, workloads: str | None = None) -> dict:
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
     from ksearch_graph.tasks.task import load_task
 
     trace = Path(tempfile.mkdtemp(prefix="kfc-")) / "trace.jsonl"
@@ -92,7 +92,7 @@ def guard_costs() -> dict:
     with the audit hook, and the hook per event, in this process (the hook stays installed: run this last)."""
     import types
 
-    from ksearch_graph.harness import forgery, runner  # noqa: F401  (runner: its module is in the snapshot)
+    from ksearch_graph.harness.candidate import forgery, runner  # noqa: F401  (runner: its module is in the snapshot)
     from ksearch_graph.harness._torch import load_torch
     from ksearch_graph.harness.guards import InterpreterHooks, LibraryPatches
     from ksearch_graph.harness.timer import Timer

@@ -174,7 +174,7 @@ def calibrate(rows: list, evaluations: int = 3, budget_s: float = 1.0) -> None:
 
 
 def trimul(report: dict) -> None:
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
     from ksearch_graph.tasks.task import load_task
 
     task = load_task(ROOT / "examples" / "trimul")
@@ -207,7 +207,7 @@ def sandbox_cost(report: dict, rounds: int = 2) -> None:
     """The sandbox's cost on the TriMul seed: evaluations with and without it, alternating, one evaluator each (so
     each reuses its reference timings); per workload the mean latency with the sandbox against without, and each
     evaluation's wall time and start-up."""
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
     from ksearch_graph.tasks.task import load_task
 
     task = load_task(ROOT / "examples" / "trimul")

@@ -32,7 +32,7 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=None, help="timing budget per workload (default: the harness's)")
     p.add_argument("--out", default=".")
     args = p.parse_args()
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
     from ksearch_graph.tasks.task import load_task
 
     jobs = []

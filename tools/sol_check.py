@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ksearch_graph.tasks.gpu_specs import gpu_spec  # noqa: E402
-from ksearch_graph.harness.tasks import load_module  # noqa: E402
+from ksearch_graph.harness.modules import load_module  # noqa: E402
 from ksearch_graph.tasks.speed_of_light import SpeedOfLight, fractions, task_work  # noqa: E402
 from ksearch_graph.tasks.task import load_task  # noqa: E402
 
@@ -124,7 +124,7 @@ def main() -> int:
         return 2
     evaluator = None
     if cuda and not args.no_evaluate:
-        from ksearch_graph.harness.client import SubprocessEvaluator
+        from ksearch_graph.harness.parent.client import SubprocessEvaluator
 
         evaluator = SubprocessEvaluator(workloads="all", timeout_s=900, time_budget_s=1.0)
     else:

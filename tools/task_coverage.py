@@ -48,8 +48,8 @@ def first_line(message: str, paths: list[Path], name: str = "") -> str:
 def input_mb(task_dir: Path, spec: dict) -> float | None:
     """The largest input set of the task's workloads in MB, sized on the meta device; None where unknown. The task's
     reference is imported into this process and taken out again (its modules, its sys.path entries)."""
-    from ksearch_graph.harness.input_sizes import estimate
-    from ksearch_graph.harness.tasks import load_module
+    from ksearch_graph.harness.judge.input_sizes import estimate
+    from ksearch_graph.harness.modules import load_module
 
     modules, path = set(sys.modules), list(sys.path)
     try:
@@ -93,7 +93,7 @@ def survey(kind: str, path: Path, out_dir: Path, device: str, max_mb: float) -> 
 
 def evaluate(row: dict, timeout_s: float, budget_s: float, memory_gb: float) -> dict:
     """The problem's reference, evaluated by the harness as a candidate on every workload."""
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
 
     task_dir = Path(row["task_dir"])
     task = load_task(task_dir)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ksearch_graph.harness.client import SubprocessEvaluator  # noqa: E402
+from ksearch_graph.harness.parent.client import SubprocessEvaluator  # noqa: E402
 from ksearch_graph.tasks.task import load_task  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 ``ksearch run`` and ``ksearch campaign`` run it before a run directory is made and before the first LLM call;
 ``ksearch resume`` runs the pool's part (and the task's, for a run that has not measured its seed yet).
 
-0. The sandbox the candidates run in (harness/sandbox.py): where the pool's evaluations use bubblewrap and this host
+0. The sandbox the candidates run in (harness/judge/sandbox.py): where the pool's evaluations use bubblewrap and this host
    cannot make one, the local pool is never made (``SandboxUnavailable``) and the run stops here, with the install
    hint; ``--sandbox none`` runs candidates without it.
 1. The pool: every GPU slot of the local pool, one probe for its CPU slots (they share this machine and its Python),
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from ksearch_graph import __version__
 from ksearch_graph.tasks.evaluation import EvalResult
 from ksearch_graph.rundir.gpu_record import describe, same_model
-from ksearch_graph.harness.ray_shipping import package_digest
-from ksearch_graph.harness.failures import infrastructure_error
+from ksearch_graph.harness.parent.ray_shipping import package_digest
+from ksearch_graph.harness.parent.failures import infrastructure_error
 from ksearch_graph.search.infrastructure import InfrastructureDown, evaluate_guarded
 from ksearch_graph.tasks.evaluation import error_headline
 from ksearch_graph.tasks.task import Task
@@ -44,9 +44,9 @@ import json, sys
 out = {"python": sys.version.split()[0], "version": None}
 try:
     import ksearch_graph
-    import ksearch_graph.harness.client  # what every evaluation there imports
-    from ksearch_graph.harness.ray_shipping import package_digest
-    from ksearch_graph.harness.sandbox import unavailable_reason
+    import ksearch_graph.harness.parent.client  # what every evaluation there imports
+    from ksearch_graph.harness.parent.ray_shipping import package_digest
+    from ksearch_graph.harness.judge.sandbox import unavailable_reason
     out["version"], out["digest"] = ksearch_graph.__version__, package_digest()
     out["sandbox_error"] = unavailable_reason()
 except BaseException as e:
@@ -137,7 +137,7 @@ def sandbox_of(pool) -> str:
 
 def sandbox_failure(reason: str, where: str = "this host") -> PreflightFailed:
     """The run cannot start: candidates would run in bubblewrap, which ``where`` cannot make (``reason`` carries
-    harness/sandbox.py's install hint)."""
+    harness/judge/sandbox.py's install hint)."""
     return PreflightFailed(f"candidates run in a sandbox, and {where} cannot make one: {reason}")
 
 
@@ -204,7 +204,7 @@ def _probe_ray(pool) -> list[dict]:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from ksearch_graph.harness.ray_pool import plain
+    from ksearch_graph.harness.parent.ray_pool import plain
 
     wanted = [k for k in ("GPU", "CPU") if pool.options.get(f"num_{k.lower()}s")] or ["CPU"]
     kind = pool.options.get("accelerator_type")

@@ -29,7 +29,7 @@ OFFLINE_NOTICE = (
 
 
 def _pool_options(args):
-    from ksearch_graph.harness.make_pool import PoolOptions
+    from ksearch_graph.harness.parent.make_pool import PoolOptions
 
     return PoolOptions(gpus=args.gpus, cpu_slots=args.cpu_slots, ray=args.ray, ray_address=args.ray_address,
                        gpu_model=args.gpu_model)
@@ -39,9 +39,9 @@ def _make_evaluator(options, config: SearchConfig, task):
     """The evaluation pool a search will use, made before anything is written (a bad option, a Ray cluster that
     cannot be joined, or a host that cannot make the candidates' sandbox stops the command with nothing left
     behind)."""
-    from ksearch_graph.harness.client import SandboxUnavailable
-    from ksearch_graph.harness.make_pool import make_pool
-    from ksearch_graph.harness.pool import PoolError
+    from ksearch_graph.harness.parent.client import SandboxUnavailable
+    from ksearch_graph.harness.parent.make_pool import make_pool
+    from ksearch_graph.harness.parent.pool import PoolError
     from ksearch_graph.app.preflight import sandbox_failure
 
     try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import ctypes
 import importlib
 
-from ._torch import load_torch
-from .policy import POLICY
-from .reporting import progress
+from ksearch_graph.harness._torch import load_torch
+from ksearch_graph.harness.policy import POLICY
+from ksearch_graph.harness.reporting import progress
 
 
 class CudaRuntime:

@@ -10,7 +10,7 @@ import signal
 import sys
 import types
 
-from ._torch import load_torch
+from ksearch_graph.harness._torch import load_torch
 
 
 class InterpreterHooks:

@@ -13,10 +13,10 @@ Tree nodes (JSON lists): ``["T", region, offset, dtype, shape, strides or null]`
 
 from __future__ import annotations
 
-from ._torch import load_torch, loaded
-from .shared_memory import ALIGN, Region, aligned
-from .tensors import output_items
-from .wire import DTYPES, dtype_name
+from ksearch_graph.harness._torch import load_torch, loaded
+from ksearch_graph.harness.shared_memory import ALIGN, Region, aligned
+from ksearch_graph.harness.tensors import output_items
+from ksearch_graph.harness.wire import DTYPES, dtype_name
 
 
 class Layout:

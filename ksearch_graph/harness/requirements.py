@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ._torch import load_torch
+from ksearch_graph.harness._torch import load_torch
 
 REQUIRE_KEYS = {"device": str, "rocm": bool, "compute_capability": list, "python_modules": list, "why": str}
 

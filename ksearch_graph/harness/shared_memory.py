@@ -18,7 +18,7 @@ import functools
 import mmap
 import os
 
-from ._torch import load_torch
+from ksearch_graph.harness._torch import load_torch
 
 ALIGN = 256  # bytes: every tensor in a region starts here or at a multiple (CUDA's allocation alignment)
 

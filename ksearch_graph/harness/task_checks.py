@@ -19,8 +19,9 @@ import os
 import sys
 import traceback
 
-from ._torch import load_torch
-from .tensors import as_tensors, clone
+from ksearch_graph.harness._torch import load_torch
+from ksearch_graph.harness.modules import load_module
+from ksearch_graph.harness.tensors import as_tensors, clone
 
 CHECK_KEYS = ("module", "function")
 _loaded: dict[str, object] = {}  # absolute path -> module: each check file is imported once per process
@@ -54,7 +55,6 @@ def load_check(task_dir: str, task: dict):
         if reference is not None and os.path.realpath(getattr(reference, "__file__", "") or "") == path:
             module = reference
         else:
-            from .tasks import load_module
 
             module = load_module(f"ksearch_check_{len(_loaded)}", path)
         _loaded[path] = module

@@ -10,25 +10,15 @@ import os
 import platform
 import sys
 
-from ._torch import load_torch
-from .requirements import parse_requires
-from .task_checks import parse_check
-from .writable import parse_writable
-
-
-def load_module(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # Triton's JIT and dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
+from ksearch_graph.harness._torch import load_torch
+from ksearch_graph.harness.requirements import parse_requires
+from ksearch_graph.harness.task_checks import parse_check
+from ksearch_graph.harness.writable import parse_writable
 
 
 def derive_seed(base: int, *parts) -> int:
     digest = hashlib.sha256(":".join(str(p) for p in (base, *parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
 
 
 def prepare(entry, inputs: tuple, kind: str, device: str):
@@ -44,26 +34,35 @@ def prepare(entry, inputs: tuple, kind: str, device: str):
 # --- timing -------------------------------------------------------------------------------------------------------
 
 
+# task.json's defaults, the one place they are written: the judge reads task.json with these (it imports no pydantic)
+# and TaskSpec (tasks/task.py) takes its field defaults from here.
+TASK_DEFAULTS = {
+    "reference": "reference.py",
+    "solution_file": "kernel.py",
+    "language": "triton",
+    "entry_kind": "function",
+    "correctness_seeds": 3,
+    "baseline": None,
+    "timing": "device",  # or "end_to_end" (Timer.end_to_end)
+    "compare_dtype": None,  # e.g. "float32" (compare.compare's as_dtype)
+    "input_source": "task",  # or "gpumode" (Judge.correctness_seed)
+}
+TOLERANCE_DEFAULTS = {"atol": 1e-5, "rtol": 1e-5, "matched_ratio": 1.0}
+WORKLOAD_TIMED_DEFAULT = True
+
+
 def read_task(task_dir: str, only: list[str] | None) -> dict:
     with open(os.path.join(task_dir, "task.json")) as f:
         task = json.load(f)
-    # Defaults mirror TaskSpec in ksearch_graph/tasks/task.py (the harness's processes do not import it).
-    task.setdefault("reference", "reference.py")
-    task.setdefault("solution_file", "kernel.py")
-    task.setdefault("language", "triton")
-    task.setdefault("entry_kind", "function")
-    task.setdefault("correctness_seeds", 3)
-    task.setdefault("baseline", None)
-    task.setdefault("timing", "device")  # or "end_to_end" (Timer.end_to_end)
-    task.setdefault("compare_dtype", None)  # e.g. "float32" (compare.compare's as_dtype)
-    task.setdefault("input_source", "task")  # or "gpumode" (Judge.correctness_seed)
+    for key, value in TASK_DEFAULTS.items():
+        task.setdefault(key, value)
     where = os.path.join(task_dir, "task.json")
     task["check"] = parse_check(task.get("check"), where)  # the task's own check (task_checks.run_check) or None
     task["writable_inputs"] = parse_writable(task.get("writable_inputs"), where)  # output buffers (writable.py)
     task["requires"] = parse_requires(task.get("requires"), where)  # what the machine needs (requirements.py)
-    task["tolerance"] = {"atol": 1e-5, "rtol": 1e-5, "matched_ratio": 1.0} | task.get("tolerance", {})
+    task["tolerance"] = TOLERANCE_DEFAULTS | task.get("tolerance", {})
     for w in task["workloads"]:
-        w.setdefault("timed", True)
+        w.setdefault("timed", WORKLOAD_TIMED_DEFAULT)
     if only:
         unknown = sorted(set(only) - {w["name"] for w in task["workloads"]})
         if unknown:

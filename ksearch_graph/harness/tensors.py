@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from ._torch import load_torch, loaded
+from ksearch_graph.harness._torch import load_torch, loaded
 
 SMALL_BLOCK_BYTES = 1 << 20  # torch's caching allocator serves requests up to 1 MB from its small pool (2 MB segments)
 

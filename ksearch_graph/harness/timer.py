@@ -7,12 +7,12 @@ import contextlib
 import gc
 import time
 
-from ._torch import load_torch
-from .gpu import CudaRuntime, PowerGauge, launch_cover
-from .guards import InterpreterHooks
-from .policy import POLICY
-from .reporting import progress
-from .tensors import leaves, output_items, small_block_sizes, snapshot
+from ksearch_graph.harness._torch import load_torch
+from ksearch_graph.harness.gpu import CudaRuntime, PowerGauge, launch_cover
+from ksearch_graph.harness.guards import InterpreterHooks
+from ksearch_graph.harness.policy import POLICY
+from ksearch_graph.harness.reporting import progress
+from ksearch_graph.harness.tensors import leaves, output_items, small_block_sizes, snapshot
 
 
 class Timer:

@@ -8,11 +8,11 @@ import statistics
 import time
 from typing import TYPE_CHECKING
 
-from ._torch import load_torch
-from .policy import POLICY
+from ksearch_graph.harness._torch import load_torch
+from ksearch_graph.harness.policy import POLICY
 
 if TYPE_CHECKING:
-    from .timer import Timer
+    from ksearch_graph.harness.timer import Timer
 
 
 def timed_burst(timer: Timer, count: int, next_call, deliver, filler=None, held=None) -> None:

@@ -64,7 +64,7 @@ def make_agents(config: SearchConfig) -> tuple[Planner, Coder]:
 
 def default_evaluator(config: SearchConfig, task: Task) -> Evaluator:
     """The local evaluation pool over every visible GPU (CPU slots without one); the CLI passes its pool options."""
-    from ksearch_graph.harness.make_pool import PoolOptions, make_pool
+    from ksearch_graph.harness.parent.make_pool import PoolOptions, make_pool
 
     return make_pool(PoolOptions(), config, task)
 

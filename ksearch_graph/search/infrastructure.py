@@ -1,6 +1,6 @@
 """Evaluations the candidate did not cause to fail: tried again, recorded apart, never charged to the candidate.
 
-An evaluation that ends in ``infrastructure_error`` (harness/failures.py: a pool slot or Ray worker that failed, a
+An evaluation that ends in ``infrastructure_error`` (harness/parent/failures.py: a pool slot or Ray worker that failed, a
 worker lost twice, the judge's own crash, the task's reference failing, a disk the evaluation cannot write) is
 logged as an ``infrastructure`` event, never recorded as an attempt: no iteration is spent, the coder never sees it
 as its error and the action is not marked failed. It is tried again, up to TRIES evaluations (the local pool lends
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ksearch_graph.tasks.evaluation import EvalResult, Status
-from ksearch_graph.harness.failures import classify
+from ksearch_graph.harness.parent.failures import classify
 
 TRIES = 3  # evaluations of one attempt that failed outside the candidate before the control decides
 

@@ -4,7 +4,7 @@ The graph never runs candidate code itself. It hands a candidate (its files) to 
 and gets an ``EvalResult`` back; failures (a compile error, a crash, a hang, a wrong answer) are
 results, never exceptions. A failure the candidate did not cause (the pool, a Ray worker, the judge's own process,
 the task's reference, the disk) is ``infrastructure_error``, with ``infrastructure`` saying what failed
-(``harness/failures.py``): the search never records it as the candidate's attempt (``infrastructure.py``). ``harness.client.SubprocessEvaluator`` is the evaluator that runs candidates; the
+(``harness/parent/failures.py``): the search never records it as the candidate's attempt (``infrastructure.py``). ``harness.client.SubprocessEvaluator`` is the evaluator that runs candidates; the
 harness (``ksearch_graph/harness/``) is its two processes.
 """
 

@@ -126,7 +126,7 @@ def _checked(declared: Any, task: Task, source: str) -> Work:
 def _reference_module(task: Task):
     import hashlib
 
-    from ksearch_graph.harness.tasks import load_module
+    from ksearch_graph.harness.modules import load_module
 
     path = task.path(task.spec.reference)
     name = "ksearch_sol_reference_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from ksearch_graph.harness.requirements import parse_requires
 from ksearch_graph.harness.task_checks import parse_check
+from ksearch_graph.harness.tasks import TASK_DEFAULTS, TOLERANCE_DEFAULTS, WORKLOAD_TIMED_DEFAULT
 from ksearch_graph.harness.writable import parse_writable
 
 # triton / pytorch / cupy: a Python file (``solution_file``) defining the entry point (cupy: CUDA C++ compiled by
@@ -34,10 +35,10 @@ class TaskError(ValueError):
 
 
 class Tolerance(BaseModel):
-    atol: float = Field(1e-5, ge=0)
-    rtol: float = Field(1e-5, ge=0)
+    atol: float = Field(TOLERANCE_DEFAULTS["atol"], ge=0)
+    rtol: float = Field(TOLERANCE_DEFAULTS["rtol"], ge=0)
     # Fraction of elements that must be within tolerance (1.0 = all). FP8/FP4 tasks use e.g. 0.95.
-    matched_ratio: float = Field(1.0, gt=0, le=1)
+    matched_ratio: float = Field(TOLERANCE_DEFAULTS["matched_ratio"], gt=0, le=1)
 
 
 ComputeKind = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]  # gpu_specs.COMPUTE_KINDS
@@ -58,7 +59,7 @@ class Workload(BaseModel):
     name: str
     params: dict[str, Any]
     # False for correctness-only cases (GPU MODE's "test" shapes): checked, never timed.
-    timed: bool = True
+    timed: bool = WORKLOAD_TIMED_DEFAULT
     # Declared work for the speed-of-light floor; None: the reference's speed_of_light(params), else derived.
     work: WorkloadWork | None = None
 
@@ -135,36 +136,36 @@ class TaskSpec(BaseModel):
     name: str = Field(min_length=1)
     description: str = ""
     spec: str = "spec.md"
-    reference: str = "reference.py"
+    reference: str = TASK_DEFAULTS["reference"]
     entry_point: str = Field(min_length=1)
     # function: entry_point(*inputs) is the kernel. module: entry_point is an nn.Module class (KernelBench's
     # ModelNew); make_inputs returns (init_args, state_dict, *forward_inputs), the harness builds
     # entry_point(*init_args) on the device, loads state_dict (strict) and times model(*forward_inputs).
     # The reference file's ``reference`` follows the same kind.
-    entry_kind: Literal["function", "module"] = "function"
-    language: Language = "triton"  # what the coder writes by default
+    entry_kind: Literal["function", "module"] = TASK_DEFAULTS["entry_kind"]
+    language: Language = TASK_DEFAULTS["language"]  # what the coder writes by default
     allowed_languages: list[Language] = []  # what the harness accepts; just ``language`` when empty
-    solution_file: str = "kernel.py"
+    solution_file: str = TASK_DEFAULTS["solution_file"]
     tolerance: Tolerance = Tolerance()
     workloads: list[Workload] = Field(min_length=1)
     # The subset used for feedback during search; all workloads when empty.
     feedback_workloads: list[str] = []
-    correctness_seeds: int = Field(3, ge=1, le=32)
+    correctness_seeds: int = Field(TASK_DEFAULTS["correctness_seeds"], ge=1, le=32)
     seed_solution: str | None = None
     # The strongest available implementation (vendor kernel or well-written PyTorch, never the naive reference):
     # a Python file defining ``entry_point``, timed next to the reference in every evaluation.
-    baseline: str | None = None
+    baseline: str | None = TASK_DEFAULTS["baseline"]
     template: TemplateSpec | None = None
     # How a timed call is measured. device: behind a launch cover that holds the GPU while the host launches, so only
     # device time counts (kernel speed). end_to_end: each call starts on an idle GPU, so its own host launch gaps
     # count too, as GPU MODE and FlashInfer-Bench time (what a caller of the function waits). docs/gpumode.md.
-    timing: Literal["device", "end_to_end"] = "device"
+    timing: Literal["device", "end_to_end"] = TASK_DEFAULTS["timing"]
     # Cast output and reference to this dtype and compare values, the output's dtype not part of the contract
     # (GPU MODE's checker compares in float32). None: the output's dtype must be the reference's.
-    compare_dtype: Literal["float32", "float64"] | None = None
+    compare_dtype: Literal["float32", "float64"] | None = TASK_DEFAULTS["compare_dtype"]
     # gpumode: the first correctness input set of each workload is drawn from the problem's own public seed (make_inputs
     # gets seed 0), the others and every timed call from hidden seeds. Tasks made by ksearch_graph.tasks.gpumode.
-    input_source: Literal["task", "gpumode"] = "task"
+    input_source: Literal["task", "gpumode"] = TASK_DEFAULTS["input_source"]
     # The task's own check instead of the elementwise comparison with the reference (GPU MODE's check_implementation).
     check: CheckSpec | None = None
     # Inputs that are output buffers: written by the reference and by candidates, so not checked unchanged.

@@ -6,7 +6,7 @@ snapshot itself, so the check compares the forgery with the forgery; then it mak
 and CUDA events) read a thousandth of the time (from the moment it forged them, so no reading goes
 backwards). Its call is honest but slow (80 ms of busy work on top of the matmul), so the lie is gross:
 ~80 us reported for ~80 ms.
-Expected: suspicious, by the judge's own clock (harness/time_bound.py): the process that reports the times cannot
+Expected: suspicious, by the judge's own clock (harness/judge/time_bound.py): the process that reports the times cannot
 shorten the judge's interval around each call.
 """
 

@@ -1,6 +1,6 @@
 """Cheat class: persistent compromise. A candidate plants code where later evaluations (and the user's own Python)
 would run it: a .pth file, a module and a sitecustomize.py in every folder of its import path (site-packages among
-them), a redefinition appended to the harness's own comparison (harness/compare.py), files in the compile caches of
+them), a redefinition appended to the harness's own comparison (harness/judge/compare.py), files in the compile caches of
 other sources (beside its own cache folder), in HOME and in /tmp. Then it computes relu(x @ w) honestly.
 Expected: passed, and none of its files anywhere outside its own evaluation (tests/test_sandbox.py looks); a later
 evaluation judges as before.
@@ -34,7 +34,7 @@ for folder in folders:
     plant(os.path.join(folder, "zz_ksearch_planted.pth"), f"import ksearch_planted  # {MARK}\n")
     plant(os.path.join(folder, "ksearch_planted.py"), f"# {MARK}\nimport builtins\nbuiltins.PLANTED = True\n")
     plant(os.path.join(folder, "sitecustomize.py"), f"# {MARK}\n", "a")
-for compare in [c for p in sys.path if p for c in glob.glob(os.path.join(p, "ksearch_graph/harness/compare.py"))]:
+for compare in [c for p in sys.path if p for c in glob.glob(os.path.join(p, "ksearch_graph/harness/judge/compare.py"))]:
     plant(compare, f"\n# {MARK}\ndef compare(*a, **k):\n    return None, '', 0.0, 0.0\n", "a")
 cache = os.environ.get("TRITON_CACHE_DIR", "/ksearch-cache/triton")
 for sibling in (os.path.dirname(os.path.dirname(cache)), os.path.dirname(cache)):

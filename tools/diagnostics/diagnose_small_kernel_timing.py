@@ -106,8 +106,8 @@ def idle_study(timer, torch) -> None:
 
 
 def evaluations(budgets=(0.5,), count: int = 2) -> None:
-    from ksearch_graph.harness.session import TRACE_ENV
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.judge.session import TRACE_ENV
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
     from ksearch_graph.tasks.task import load_task
 
     folder = Path(tempfile.mkdtemp()) / "task"

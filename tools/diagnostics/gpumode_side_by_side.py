@@ -10,7 +10,7 @@ For every submission:
   ``--upstream-runs`` times in ``--upstream-mode`` (benchmark: every benchmark, ranked by geometric mean) on the
   benchmarks, each reporting through the POPCORN_FD pipe as GPU MODE's runner reads it;
 - ours: the problem materialised as ksearch does and the submission evaluated by the judge
-  (ksearch_graph/harness/judge.py).
+  (ksearch_graph/harness/judge/judge.py).
 
 Time: the untimed upstream steps (compile, test mode: TriMul's tests draw 1.4 G Cauchy values on the CPU) run first,
 ``--parallel-tests`` submissions at a time; then, one submission at a time, ours and upstream's benchmark runs (the
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-JUDGE = ROOT / "ksearch_graph" / "harness" / "judge.py"
+JUDGE = ROOT / "ksearch_graph" / "harness" / "judge" / "judge.py"
 STARTED = time.monotonic()
 
 

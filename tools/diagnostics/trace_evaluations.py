@@ -30,8 +30,8 @@ def traced_evaluations(task, files: dict, evaluations: int, budget_s: float, lab
     traced by the judge: yields (result, [the trace's lines of that evaluation, as dicts]). The evaluator is closed
     and the trace turned off once the last is yielded (its prestarted processes would share the GPU with whatever
     runs next)."""
-    from ksearch_graph.harness.session import TRACE_ENV
-    from ksearch_graph.harness.client import SubprocessEvaluator
+    from ksearch_graph.harness.judge.session import TRACE_ENV
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
 
     trace = Path(tempfile.mkdtemp()) / "trace.jsonl"
     trace.touch()

@@ -24,7 +24,7 @@ from langgraph.runtime import Runtime
 from ksearch_graph.search.context import SearchContext, search_context
 from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.search.events import AttemptEvent, InfrastructureEvent
-from ksearch_graph.harness.failures import infrastructure_error
+from ksearch_graph.harness.parent.failures import infrastructure_error
 from ksearch_graph.search.infrastructure import TRIES, evaluate_guarded
 from ksearch_graph.search.state import CycleState
 from ksearch_graph.rundir.store import attempt_summary

@@ -12,9 +12,14 @@ import os
 import sys
 import time
 
-from . import audit, integrity
-from .wire import Error
-from .reporting import clip
+from ksearch_graph.harness.candidate import audit, integrity
+from ksearch_graph.harness.wire import Error
+from ksearch_graph.harness.reporting import clip
+
+# The whole harness (its three processes' sub-packages and what they share), not only this sub-package: a
+# candidate that changes the wire or the timer is changing the harness as much as one that changes this module.
+HARNESS_PACKAGE = __package__.rsplit(".", 1)[0]
+HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FLAGS = {"harness_changed": "the candidate changed the harness's own objects in its process",
          "introspection": "the candidate reached for the harness's own objects"}
@@ -23,11 +28,11 @@ FLAGS = {"harness_changed": "the candidate changed the harness's own objects in 
 def harness_modules() -> dict:
     """{label: module}: every module of this package the process has loaded, and the process's main module where it
     is one of them (runner.py, judge.py: started by path)."""
-    package = __package__
+    package = HARNESS_PACKAGE
     modules = {name: m for name, m in sys.modules.items() if name.startswith(package + ".") and m is not None}
     main = sys.modules.get("__main__")
-    if getattr(main, "__package__", None) == package:
-        modules[f"{package} (__main__)"] = main
+    if (getattr(main, "__package__", None) or "").startswith(package + "."):
+        modules[f"{main.__package__} (__main__)"] = main
     return modules
 
 
@@ -78,8 +83,8 @@ def arm(candidate_root: str, timer, objects: dict) -> Guards:
     modules = harness_modules()
     guard = integrity.Guard(integrity.Integrity())
     timer.guard = guard.check  # before the snapshot: replacing it is a change too
-    files = [m.__file__ for m in modules.values() if getattr(m, "__file__", None) and os.path.dirname(
-        os.path.abspath(m.__file__)) == os.path.dirname(os.path.abspath(__file__))]
+    files = [m.__file__ for m in modules.values() if getattr(m, "__file__", None)
+             and os.path.abspath(m.__file__).startswith(HARNESS_DIR + os.sep)]
     guards = Guards(guard, audit.install(files, candidate_root))  # armed now: the snapshot watches its record too
     objects = {"the timer": (timer, type(timer).STATE), **objects, "the guards": (guards, ()),
                "the integrity check's guard": (guard, ("found",)), "the audit hook's record": (guards.audit, ())}

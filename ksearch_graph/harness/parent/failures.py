@@ -13,18 +13,13 @@ import re
 
 from ksearch_graph.tasks.evaluation import EvalResult, Status
 
-# What judge.py and client.py write when the failure is theirs or the task's (tests/test_infrastructure.py checks
-# that they still do):
-TASK_REFERENCE = "the task's reference or baseline failed"  # judge: the reference raised (a task bug)
-JUDGE_CRASH = "evaluation failed: "  # judge: its catch-all for a harness or task problem
-JUDGE_LOST = "the evaluation process was "  # client: the judge died, or exited, without writing a result
-CANNOT_START = "cannot start "  # client: the judge's process could not be started (no disk, no interpreter)
-UNREADABLE = "unreadable result file"  # client: the judge's result file was cut (a full disk)
-REFERENCE_IN_RUNNER = "the task's reference failed to load in the candidate's process"  # runner: a task bug
-RUNNER_DIED = "the candidate's process "  # runner_process: "... exited with code 1 during <phase>"
-# judge: the phases before any candidate code runs; the candidate's process dying in one (its sandbox could not
-# start, the machine) is not the candidate's doing
-BEFORE_CANDIDATE_CODE = ("starting the candidate's process", "loading the task in the candidate's process")
+from ksearch_graph.harness.job import (BEFORE_CANDIDATE_CODE, JUDGE_CRASH, REFERENCE_IN_RUNNER,  # noqa: F401
+                                       RUNNER_DIED, TASK_REFERENCE)
+
+# What client.py writes when it could not get a result from the judge (the judge's own words are job.py's):
+JUDGE_LOST = "the evaluation process was "  # the judge died, or exited, without writing a result
+CANNOT_START = "cannot start "  # the judge's process could not be started (no disk, no interpreter)
+UNREADABLE = "unreadable result file"  # the judge's result file was cut (a full disk)
 
 
 def infrastructure_error(reason: str, log: str = "") -> EvalResult:

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import platform
 import sys
 import tempfile
 import time
 
-from ._torch import load_torch
-from .isolation import kill_descendants
-from .runner_process import RunnerProcess
-from .sandbox import Sandbox
-from .timer import Timer
+from ksearch_graph.harness._torch import load_torch
+from ksearch_graph.harness.isolation import kill_descendants
+from ksearch_graph.harness.job import Job
+from ksearch_graph.harness.judge.runner_process import RunnerProcess
+from ksearch_graph.harness.judge.sandbox import Sandbox
+from ksearch_graph.harness.timer import Timer
 
 SEED_ENV = "KSEARCH_EVAL_SEED"
 # A file the judge appends every burst's timed calls to, one JSON line each (who, workload, first call, [device us,
@@ -147,9 +146,9 @@ class JobWatch:
             self.at = time.perf_counter()
 
 
-def read_job(limit_s: float) -> dict | None:
-    """The job, one JSON object on stdin ({"task", "workloads", "timings"}); None when none comes in ``limit_s``
-    seconds or stdin closes empty (the parent gave up on this prestarted evaluation)."""
+def read_job(limit_s: float) -> Job | None:
+    """The job on stdin (``job.Job``); None when none comes in ``limit_s`` seconds or stdin closes empty (the parent
+    gave up on this prestarted evaluation). ValueError: a job that is not one."""
     import select
 
     ready, _, _ = select.select([sys.stdin], [], [], limit_s)
@@ -158,47 +157,4 @@ def read_job(limit_s: float) -> dict | None:
     text = sys.stdin.read()
     if not text.strip():
         return None
-    job = json.loads(text)
-    if not isinstance(job, dict):
-        raise ValueError(f"expected a JSON object, got {type(job).__name__}")
-    return job
-
-
-def read_arguments(argv: list[str] | None, description: str) -> argparse.Namespace:
-    """The judge process's command line (judge.py's docstring shows it)."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--task", help="task folder (with task.json)")
-    parser.add_argument("--candidate", required=True, help="folder with the candidate's files")
-    parser.add_argument("--out", required=True, help="where to write the result JSON")
-    parser.add_argument("--workloads", default="", help="comma-separated workload names (default: all)")
-    parser.add_argument("--seeds-from-env", action="store_true", help=f"take the base input seed from ${SEED_ENV}")
-    parser.add_argument("--time-budget-s", type=float, default=1.0,
-                        help="timing budget per workload, for the candidate and the reference each")
-    parser.add_argument("--compile-timeout-s", type=float, default=300,
-                        help="limit for importing/building the candidate, and for its first call (JIT compile)")
-    parser.add_argument("--call-timeout-s", type=float, default=60, help="limit for any other single call")
-    parser.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "ksearch_graph"),
-                        help="compile caches shared by evaluations, keyed by source hash")
-    parser.add_argument("--lock-dir", default="/tmp", help="where the per-device timing lock lives")
-    parser.add_argument("--memory-limit-gb", type=float, default=32.0,
-                        help="host memory (resident) the candidate's process, and the judge's, may each use: the "
-                             "candidate's is killed past it; the judge refuses a workload whose inputs would not fit")
-    parser.add_argument("--no-network-isolation", action="store_true",
-                        help="without a sandbox: do not put the candidate in its own network namespace")
-    parser.add_argument("--sandbox", choices=("bwrap", "none"), default="bwrap",
-                        help="run the candidate's process in bubblewrap (default), or without any sandbox")
-    parser.add_argument("--eval-cache", default=None,
-                        help="this evaluation's compile cache folder (writable by the candidate; default: a new one)")
-    parser.add_argument("--job-from-stdin", action="store_true",
-                        help="start both processes, then wait for the job on stdin: JSON with task, workloads and "
-                        "timings (reference/baseline timings of an earlier evaluation, reused when measured on this "
-                        "GPU for the same task code and workload); replaces --task and --workloads")
-    parser.add_argument("--time-reference-ahead", action="store_true",
-                        help="with --job-from-stdin and --task: time that task's reference (and baseline) on its "
-                        "--workloads while waiting for the job; used when the job is for the same task")
-    parser.add_argument("--standby-limit-s", type=float, default=900,
-                        help="with --job-from-stdin: give up when no job has come after this long")
-    args = parser.parse_args(argv)
-    if not (args.task or args.job_from_stdin):
-        parser.error("--task is required (or --job-from-stdin)")
-    return args
+    return Job.from_json(text)

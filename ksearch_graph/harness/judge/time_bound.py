@@ -29,7 +29,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .policy import POLICY
+from ksearch_graph.harness.policy import POLICY
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,14 @@ from typing import Any, Literal
 
 from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.tasks.task import Task
-from . import compile_cache
-from .sandbox import unavailable_reason
+from ksearch_graph.harness import compile_cache
+from ksearch_graph.harness.job import AHEAD, RECEIVED, RESULT_KEY_ENV, WAITING, Job, JudgeOptions, progress_line
+from ksearch_graph.harness.parent.failures import CANNOT_START, JUDGE_LOST, UNREADABLE
+from ksearch_graph.harness.reporting import PROGRESS
+from ksearch_graph.harness.judge.sandbox import unavailable_reason
 
 
-_CHILD = Path(__file__).with_name("judge.py")
-_RESULT_KEY = "KSEARCH_RESULT_KEY"
-_PROGRESS = "[ksearch-eval] "  # the child's progress lines on stderr
-_WAITING = "started; waiting for the job"  # the prestarted child's last progress line before it has its job
-_RECEIVED = _PROGRESS + "job received"  # ... and its first after
-_AHEAD = _PROGRESS + "timing the reference while waiting for the job"  # before _WAITING, with start_ahead(task)
+_CHILD = Path(__file__).resolve().parents[1] / "judge" / "judge.py"
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 _LOG_LIMIT = 2000
 
@@ -77,7 +75,7 @@ def _kill_group(pgid: int) -> None:
 
 
 class SandboxUnavailable(RuntimeError):
-    """No sandbox can be made on this host (harness/sandbox.py says why and how to install one)."""
+    """No sandbox can be made on this host (harness/judge/sandbox.py says why and how to install one)."""
 
 
 def gpu_driver_present() -> bool:
@@ -132,7 +130,7 @@ class SubprocessEvaluator:
         self.cache_dir = cache_dir or os.environ.get("KSEARCH_CACHE_DIR") or str(
             Path.home() / ".cache" / "ksearch_graph")
         self.isolate_network = isolate_network
-        # The candidate's process runs in bubblewrap (harness/sandbox.py); "none" only where the host has none, and
+        # The candidate's process runs in bubblewrap (harness/judge/sandbox.py); "none" only where the host has none, and
         # every result says so. Refused here, before anything is spent, where it cannot be made.
         if sandbox not in ("bwrap", "none"):
             raise ValueError(f"sandbox must be 'bwrap' or 'none', not {sandbox!r}")
@@ -185,7 +183,7 @@ class SubprocessEvaluator:
                 try:
                     started = started or self._start()
                 except OSError as e:
-                    return EvalResult(status=Status.unavailable, log_excerpt=f"cannot start {self.python}: {e}")
+                    return EvalResult(status=Status.unavailable, log_excerpt=f"{CANNOT_START}{self.python}: {e}")
                 result = self._run(task, files, started)
                 started.discard()
                 if fresh or not started.died_waiting:
@@ -216,7 +214,7 @@ class SubprocessEvaluator:
             if started is None or started.proc.poll() is not None:
                 return False
             with contextlib.suppress(OSError):
-                if _WAITING in (started.root / "stderr.txt").read_text(errors="replace"):
+                if WAITING in (started.root / "stderr.txt").read_text(errors="replace"):
                     return True
             time.sleep(0.1)
         return False
@@ -242,21 +240,20 @@ class SubprocessEvaluator:
         candidate.mkdir()
         cache.mkdir()
         compile_cache.seed_harness(self.cache_dir, str(cache))
-        cmd = [self.python, str(_CHILD), "--job-from-stdin", "--candidate", str(candidate),
-               "--sandbox", self.sandbox, "--eval-cache", str(cache),
-               "--out", str(root / "result.json"), "--seeds-from-env", "--time-budget-s", str(self.time_budget_s),
-               "--compile-timeout-s", str(self.compile_timeout_s), "--call-timeout-s", str(self.call_timeout_s),
-               "--cache-dir", self.cache_dir, "--lock-dir", str(Path(tempfile.gettempdir())),
-               "--memory-limit-gb", str(self.memory_limit_gb)]
+        options = JudgeOptions(
+            candidate=str(candidate), out=str(root / "result.json"), job_from_stdin=True, sandbox=self.sandbox,
+            eval_cache=str(cache), seeds_from_env=True, time_budget_s=self.time_budget_s,
+            compile_timeout_s=self.compile_timeout_s, call_timeout_s=self.call_timeout_s, cache_dir=self.cache_dir,
+            lock_dir=str(Path(tempfile.gettempdir())), memory_limit_gb=self.memory_limit_gb,
+            no_network_isolation=not self.isolate_network)
         ahead = self._ahead_task if self.prestart else None  # else the job is sent at once: no wait to use
         if ahead is not None and not self._reusable_timings(self._timings_slot(ahead)):
-            cmd += ["--task", ahead.root, "--workloads", self._job_workloads(ahead), "--time-reference-ahead"]
-        if not self.isolate_network:
-            cmd.append("--no-network-isolation")
+            options.task, options.workloads, options.time_reference_ahead = ahead.root, self._job_workloads(ahead), True
+        cmd = [self.python, str(_CHILD), *options.command_line()]
         key = secrets.token_hex(32)
         try:
             with open(root / "stdout.txt", "wb") as stdout, open(root / "stderr.txt", "wb") as stderr:
-                proc = subprocess.Popen(cmd, cwd=candidate, env=self._child_env(root) | {_RESULT_KEY: key},
+                proc = subprocess.Popen(cmd, cwd=candidate, env=self._child_env(root) | {RESULT_KEY_ENV: key},
                                         stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, start_new_session=True)
         except OSError:
             shutil.rmtree(root, ignore_errors=True)
@@ -272,9 +269,8 @@ class SubprocessEvaluator:
         except ValueError as e:
             return EvalResult(status=Status.compile_error, log_excerpt=str(e))
         timings_slot = self._timings_slot(task)
-        job = {"task": task.root, "workloads": self._job_workloads(task),
-               "timings": self._reusable_timings(timings_slot)}
-        data, refused = json.dumps(job).encode(), []
+        job = Job(task.root, self._job_workloads(task), self._reusable_timings(timings_slot) or {})
+        data, refused = job.to_json(), []
 
         def send() -> None:  # from a thread: a child that does not read must not stall us past the timeout
             try:
@@ -296,7 +292,8 @@ class SubprocessEvaluator:
         # Gone before it took the job (its pipe refused it, or it never said it had it): no candidate code ran, so
         # the evaluation may be tried again with fresh processes.
         started.died_waiting = not out.is_file() and (bool(refused) or (
-            _RECEIVED not in stderr_text and (_last_step(stderr_text) == _WAITING or _AHEAD in stderr_text)))
+            progress_line(RECEIVED) not in stderr_text and (_last_step(stderr_text) == WAITING
+                                                         or progress_line(AHEAD) in stderr_text)))
         if not finished:
             return EvalResult(
                 status=Status.timeout,
@@ -314,7 +311,7 @@ class SubprocessEvaluator:
                 self._keep_timings(timings_slot, result.reference_timings)
                 return result
             except ValueError as e:
-                return EvalResult(status=Status.runtime_error, log_excerpt=f"unreadable result file: {e}")
+                return EvalResult(status=Status.runtime_error, log_excerpt=f"{UNREADABLE}: {e}")
         if proc.returncode < 0:
             sig = signal.Signals(-proc.returncode)
             how = f"killed by {sig.name} ({signal.strsignal(sig)})"
@@ -322,7 +319,7 @@ class SubprocessEvaluator:
             how = f"exited with code {proc.returncode} without writing a result"
         return EvalResult(
             status=Status.runtime_error,
-            log_excerpt=f"the evaluation process was {how}; it was at: {_last_step(stderr_text)}\n"
+            log_excerpt=f"{JUDGE_LOST}{how}; it was at: {_last_step(stderr_text)}\n"
             + _stderr_tail(stderr_text),
         )
 
@@ -421,7 +418,7 @@ def _age_s(entry: Any, wall: float) -> float:
 
 
 def _last_step(stderr_text: str) -> str:
-    steps = [line[len(_PROGRESS):] for line in stderr_text.splitlines() if line.startswith(_PROGRESS)]
+    steps = [line[len(PROGRESS):] for line in stderr_text.splitlines() if line.startswith(PROGRESS)]
     return steps[-1] if steps else "start-up (importing torch)"
 
 
@@ -429,5 +426,5 @@ def _stderr_tail(stderr_text: str, limit: int = 1500) -> str:
     # Drop what does not help the LLM: progress lines, faulthandler's list of loaded extension modules, and stack
     # frames of the harness itself.
     lines = [line for line in stderr_text.splitlines()
-             if not line.startswith((_PROGRESS, "Extension modules:")) and str(_CHILD.parent) not in line]
+             if not line.startswith((PROGRESS, "Extension modules:")) and str(_CHILD.parents[1]) not in line]
     return "\n".join(lines)[-limit:]

@@ -11,12 +11,13 @@ import subprocess
 import sys
 import time
 
-from .cgroup import CpuAccount, CpuGroup, ProcessTree
-from .reporting import PROGRESS, Failure
-from .sandbox import CACHE, Sandbox
-from .wire import Channel, Error, Exit, Malformed, pair, parse
+from ksearch_graph.harness.job import RUNNER_DIED
+from ksearch_graph.harness.judge.cgroup import CpuAccount, CpuGroup, ProcessTree
+from ksearch_graph.harness.reporting import PROGRESS, Failure
+from ksearch_graph.harness.judge.sandbox import CACHE, Sandbox
+from ksearch_graph.harness.wire import Channel, Error, Exit, Malformed, pair, parse
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class RunnerProcess:
@@ -30,7 +31,7 @@ class RunnerProcess:
         self.account = CpuAccount(CpuGroup.make())
         ours, theirs = pair()
         cfg = cfg | {"sandboxed": sandbox.kind is not None, "cache": CACHE if sandbox.kind else cache_dir}
-        argv = [sys.executable, os.path.join(HERE, "runner.py"), "--fd", str(theirs.fileno()),
+        argv = [sys.executable, os.path.join(HARNESS_DIR, "candidate", "runner.py"), "--fd", str(theirs.fileno()),
                 "--config", json.dumps(cfg)]
         cmd, inner_env = sandbox.command(argv, candidate=cfg["candidate"], cache=cache_dir, env=env,
                                          extra_env={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
@@ -114,7 +115,7 @@ class RunnerProcess:
             if number:
                 sig = signal.Signals(number)
                 how = f"was killed by {sig.name} ({signal.strsignal(sig)})"
-        return Failure("runtime_error", f"the candidate's process {how} during {self.phase}\n{self.log_tail()}")
+        return Failure("runtime_error", f"{RUNNER_DIED}{how} during {self.phase}\n{self.log_tail()}")
 
     def log_tail(self, limit: int = 1500) -> str:
         try:
@@ -123,7 +124,7 @@ class RunnerProcess:
         except OSError:
             return ""
         lines = [line for line in text.splitlines()
-                 if not line.startswith((PROGRESS, "Extension modules:")) and HERE not in line]
+                 if not line.startswith((PROGRESS, "Extension modules:")) and HARNESS_DIR not in line]
         return "\n".join(lines)[-limit:]
 
     def kill(self) -> None:

@@ -3,8 +3,8 @@ every output and burst, and a burst's timings. A failed check is Failure("suspic
 
 from __future__ import annotations
 
-from .policy import POLICY
-from .reporting import Failure
+from ksearch_graph.harness.policy import POLICY
+from ksearch_graph.harness.reporting import Failure
 
 
 def check_flags(flags: dict, where: str) -> None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 
-from ._torch import load_torch
-from .tasks import prepare
-from .tensors import as_tensors, leaves, nbytes
+from ksearch_graph.harness._torch import load_torch
+from ksearch_graph.harness.tasks import prepare
+from ksearch_graph.harness.tensors import as_tensors, leaves, nbytes
 
 # The judge holds at once: its pristine inputs, the reference's clone of them and the inputs the candidate's process
 # sends back (shared with it); the reference's output and the candidate's.

@@ -31,9 +31,9 @@ from pathlib import Path
 
 from ksearch_graph.tasks.evaluation import EvalResult
 from ksearch_graph.tasks.task import Task
-from . import ray_shipping
-from .failures import infrastructure_error
-from .pool import Interval, PoolError, busy_share
+from ksearch_graph.harness.parent import ray_shipping
+from ksearch_graph.harness.parent.failures import infrastructure_error
+from ksearch_graph.harness.parent.pool import Interval, PoolError, busy_share
 
 RETRIES = 1  # a dead worker's evaluation runs once more elsewhere
 CLEANUP_TIMEOUT_S = 60
@@ -225,7 +225,7 @@ _evaluators: dict = {}
 def evaluate_on_worker(bundle: bytes, digest: str, files: dict[str, str], attempt_id: str,
                        settings: dict, job: str) -> tuple[str, float, float]:
     """Runs in a Ray worker: unpack the task once per node, evaluate like a local slot, return the result's JSON."""
-    from .client import SubprocessEvaluator
+    from ksearch_graph.harness.parent.client import SubprocessEvaluator
     from ksearch_graph.tasks.task import load_task
 
     start = time.time()

@@ -1,7 +1,7 @@
 """The candidate's process: the only place where candidate code runs. Started by ``judge.py`` inside the OS sandbox
 (``sandbox.py``) and driven over one socket (the messages: ``wire.py``).
 
-    python ksearch_graph/harness/runner.py --fd FD --config JSON
+    python ksearch_graph/harness/candidate/runner.py --fd FD --config JSON
 
 The judge trusts nothing this process says: it makes every input itself and lends it here in memory it owns
 (``lending.py``), reads every output out of the slot it lent into its own memory, and bounds every timing by its
@@ -26,22 +26,24 @@ import sys
 import time
 
 if __name__ == "__main__" and not __package__:  # started by path: import the package, not this folder's files
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    __package__ = "ksearch_graph.harness"  # noqa: A001
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    __package__ = "ksearch_graph.harness.candidate"  # noqa: A001
 
-from . import forgery  # noqa: E402
-from ._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
-from .guards import InterpreterHooks, LibraryPatches  # noqa: E402
-from .isolation import die_with_parent, isolate_network  # noqa: E402
-from .lending import put_output, rebuild  # noqa: E402
-from .reporting import Failure, Reported, clip, describe, progress  # noqa: E402
-from .shared_memory import Region  # noqa: E402
-from .tasks import load_module, prepare  # noqa: E402
-from .timer import Timer  # noqa: E402
-from .timing import timed_burst  # noqa: E402
-from .wire import (Burst, Calibrate, Call, Channel, Done, Error, Exit, Import, Imported, Lend, Load, Loaded,  # noqa: E402
+from ksearch_graph.harness.candidate import forgery  # noqa: E402
+from ksearch_graph.harness._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
+from ksearch_graph.harness.guards import InterpreterHooks, LibraryPatches  # noqa: E402
+from ksearch_graph.harness.job import REFERENCE_IN_RUNNER  # noqa: E402
+from ksearch_graph.harness.isolation import die_with_parent, isolate_network  # noqa: E402
+from ksearch_graph.harness.lending import put_output, rebuild  # noqa: E402
+from ksearch_graph.harness.reporting import Failure, Reported, clip, describe, progress  # noqa: E402
+from ksearch_graph.harness.shared_memory import Region  # noqa: E402
+from ksearch_graph.harness.tasks import prepare  # noqa: E402
+from ksearch_graph.harness.modules import load_module  # noqa: E402
+from ksearch_graph.harness.timer import Timer  # noqa: E402
+from ksearch_graph.harness.timing import timed_burst  # noqa: E402
+from ksearch_graph.harness.wire import (Burst, Calibrate, Call, Channel, Done, Error, Exit, Import, Imported, Lend, Load, Loaded,  # noqa: E402
                    Output, Ping, Pong, Prepared, Ready, Taken, Timed, Warm, Warmed, Go)
-from .wire import FLAG_FIELDS  # noqa: E402
+from ksearch_graph.harness.wire import FLAG_FIELDS  # noqa: E402
 
 
 def build_torch_extension(root: str, cache: str, entry_point: str):
@@ -71,7 +73,7 @@ def build_torch_extension(root: str, cache: str, entry_point: str):
         module = cpp_extension.load(name=name, sources=sources, extra_include_paths=[src], build_directory=build,
                                     extra_cuda_cflags=["-O3", "--use_fast_math"], verbose=False)
     except Exception as e:  # the compiler's own output is in the message; keep its first errors and their source
-        from .build_errors import build_error_excerpt
+        from ksearch_graph.harness.candidate.build_errors import build_error_excerpt
         raise Failure("compile_error", clip(build_error_excerpt(str(e)) or str(e))) from None
     fn = getattr(module, entry_point, None)
     if fn is None:
@@ -197,8 +199,8 @@ class Runner:
         try:
             self.reference_module = load_module("ksearch_task_reference", os.path.join(folder, task["reference"]))
         except BaseException as e:
-            self.send(Error("runtime_error", "the task's reference failed to load in the candidate's process (a task "
-                            "bug, not the candidate's):\n" + describe(e, folder)))
+            self.send(Error("runtime_error", f"{REFERENCE_IN_RUNNER} (a task bug, not the candidate's):\n"
+                            + describe(e, folder)))
             raise Reported from None
         original = self.reference_module.reference
 

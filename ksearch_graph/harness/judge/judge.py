@@ -1,9 +1,9 @@
 """Evaluate one kernel candidate and write an EvalResult-shaped JSON: the judge process of SubprocessEvaluator.
 
-    python ksearch_graph/harness/judge.py --task TASK_DIR --candidate CANDIDATE_DIR --out RESULT.json
+    python ksearch_graph/harness/judge/judge.py --task TASK_DIR --candidate CANDIDATE_DIR --out RESULT.json
         [--workloads NAME,NAME] [--seeds-from-env] [--time-budget-s S] [--compile-timeout-s S]
         [--call-timeout-s S] [--cache-dir DIR] [--lock-dir DIR] [--no-network-isolation]
-    python ksearch_graph/harness/judge.py --job-from-stdin --candidate CANDIDATE_DIR --out RESULT.json [...]
+    python ksearch_graph/harness/judge/judge.py --job-from-stdin --candidate CANDIDATE_DIR --out RESULT.json [...]
 
 Started by path and importing only the standard library, torch and this package (never the rest of ksearch_graph):
 this folder is what a GPU host needs. ``tools/evaluate_candidate.py`` runs it from a checkout.
@@ -49,36 +49,39 @@ import time
 import traceback
 
 if __name__ == "__main__" and not __package__:  # started by path: import the package, not this folder's files
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    __package__ = "ksearch_graph.harness"  # noqa: A001
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    __package__ = "ksearch_graph.harness.judge"  # noqa: A001
 
-from . import compile_cache, time_bound  # noqa: E402
-from ._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
-from .candidate_calls import CandidateCalls, TimedCall, reference_files  # noqa: E402
-from .compare import compare, same  # noqa: E402
-from .gpu import gpu_healthy  # noqa: E402
-from .guards import InterpreterHooks  # noqa: E402
-from .input_sizes import InputsTooLarge, check_input_sizes, gib  # noqa: E402
-from .isolation import die_with_parent, harden, isolate_judge_network  # noqa: E402
-from .memory_watch import MemoryWatch  # noqa: E402
-from .policy import POLICY  # noqa: E402
-from .reply_checks import check_burst_timings, check_flags  # noqa: E402
-from .reporting import Failure, TimingTrace, clip, describe, progress  # noqa: E402
-from .requirements import unmet_requirement  # noqa: E402
-from .results import new_result, summarise, write_signed  # noqa: E402
-from .runner_process import RunnerProcess  # noqa: E402
-from .session import SEED_ENV, TRACE_ENV, JobWatch, Session, read_arguments, read_job, timing_lock  # noqa: E402
-from .task_checks import run_check  # noqa: E402
-from .tasks import candidate_form, derive_seed, load_module, prepare, read_task, timings_key  # noqa: E402
-from .tensors import as_tensors, clone, nbytes  # noqa: E402
-from .timer import Timer  # noqa: E402
-from .timing import (Bursts, SideStreamRule, burst_memory_bytes, burst_size, honest_times,  # noqa: E402
+from ksearch_graph.harness import compile_cache  # noqa: E402
+
+from ksearch_graph.harness.judge import time_bound
+from ksearch_graph.harness._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
+from ksearch_graph.harness.judge.candidate_calls import CandidateCalls, TimedCall, reference_files  # noqa: E402
+from ksearch_graph.harness.judge.compare import compare, same  # noqa: E402
+from ksearch_graph.harness.gpu import gpu_healthy  # noqa: E402
+from ksearch_graph.harness.guards import InterpreterHooks  # noqa: E402
+from ksearch_graph.harness.judge.input_sizes import InputsTooLarge, check_input_sizes, gib  # noqa: E402
+from ksearch_graph.harness.isolation import die_with_parent, harden, isolate_judge_network  # noqa: E402
+from ksearch_graph.harness.judge.memory_watch import MemoryWatch  # noqa: E402
+from ksearch_graph.harness.policy import POLICY  # noqa: E402
+from ksearch_graph.harness.judge.reply_checks import check_burst_timings, check_flags  # noqa: E402
+from ksearch_graph.harness.reporting import Failure, TimingTrace, clip, describe, progress  # noqa: E402
+from ksearch_graph.harness.requirements import unmet_requirement  # noqa: E402
+from ksearch_graph.harness.judge.results import new_result, summarise, write_signed  # noqa: E402
+from ksearch_graph.harness.judge.runner_process import RunnerProcess  # noqa: E402
+from ksearch_graph.harness.job import (AHEAD, JUDGE_CRASH, LOADING_TASK, RECEIVED, RESULT_KEY_ENV, STARTING_RUNNER,  # noqa: E402
+                                       TASK_REFERENCE, WAITING, JudgeOptions)
+from ksearch_graph.harness.judge.session import SEED_ENV, TRACE_ENV, JobWatch, Session, read_job, timing_lock  # noqa: E402
+from ksearch_graph.harness.task_checks import run_check  # noqa: E402
+from ksearch_graph.harness.tasks import candidate_form, derive_seed, prepare, read_task, timings_key  # noqa: E402
+from ksearch_graph.harness.modules import load_module  # noqa: E402
+from ksearch_graph.harness.tensors import as_tensors, clone, nbytes  # noqa: E402
+from ksearch_graph.harness.timer import Timer  # noqa: E402
+from ksearch_graph.harness.timing import (Bursts, SideStreamRule, burst_memory_bytes, burst_size, honest_times,  # noqa: E402
                      precise_enough, timed_burst)
-from .wire import Import, Imported, Load, Loaded, Prepared  # noqa: E402
-from .writable import without_writable, writable_paths  # noqa: E402
+from ksearch_graph.harness.wire import Import, Imported, Load, Loaded, Prepared  # noqa: E402
+from ksearch_graph.harness.writable import without_writable, writable_paths  # noqa: E402
 
-AHEAD = "timing the reference while waiting for the job"  # client.py's _AHEAD: no candidate code has run yet
-RESULT_KEY_ENV = "KSEARCH_RESULT_KEY"  # signs the result file, so a forged or overwritten one is recognised
 
 
 class Judge:
@@ -348,8 +351,8 @@ class Judge:
                 progress(f"baseline timing {name}")
                 entry["baseline"] = self.time_local(self.baseline, w, "baseline")
         except Exception as e:
-            raise Failure("runtime_error", "the task's reference or baseline failed (a task bug, not the "
-                          "candidate's):\n" + describe(e, os.path.abspath(self.args.task))) from None
+            raise Failure("runtime_error", f"{TASK_REFERENCE} (a task bug, not the candidate's):\n"
+                          + describe(e, os.path.abspath(self.args.task))) from None
         self.ref_timing[name] = entry["reference"]
         if "baseline" in entry:
             self.base_timing[name] = entry["baseline"]
@@ -365,14 +368,13 @@ class Judge:
 
         # 1. The candidate's process has imported torch (while we did) and waits; no candidate code has run yet.
         t0 = time.perf_counter()
-        runner_info = runner.request(None, args.compile_timeout_s, "starting the candidate's process",
+        runner_info = runner.request(None, args.compile_timeout_s, STARTING_RUNNER,
                                      expect=Loaded).info
         if runner_info.pop("device") != self.device:
             raise Failure("runtime_error", "the candidate's process and the judge see different devices")
         result["environment"].update(runner_info)
         self.phases["waiting_for_runner"] = time.perf_counter() - t0
-        runner.request(Import(self.runner_task), args.compile_timeout_s, "loading the task in the candidate's "
-                       "process", expect=Prepared)
+        runner.request(Import(self.runner_task), args.compile_timeout_s, LOADING_TASK, expect=Prepared)
 
         # Time the reference (and baseline) now, and calibrate the judge's clock, while no candidate code has run:
         # once the candidate is imported, work it leaves running (a GPU stream, a thread) could slow the reference
@@ -548,7 +550,7 @@ def watch_memory(args, result_key: str) -> MemoryWatch:
 
 
 def main(argv: list[str] | None = None, network: str = "no (started in-process)") -> int:
-    args = read_arguments(argv, __doc__.splitlines()[0])
+    args = JudgeOptions.parse(argv, __doc__.splitlines()[0])
     faulthandler.enable()
     result_key = os.environ.pop(RESULT_KEY_ENV, "")
 
@@ -571,17 +573,21 @@ def main(argv: list[str] | None = None, network: str = "no (started in-process)"
                 if args.time_reference_ahead and args.task:
                     job = JobWatch(args.standby_limit_s)
                     ahead = time_reference_ahead(session, args, job)
-            progress("started; waiting for the job")
+            progress(WAITING)
+        bad_job = None
         try:
             got = read_job(args.standby_limit_s)
         except ValueError as e:
-            got, early = {}, early or Failure("runtime_error", f"the evaluation's job was not valid JSON: {e}")
-        if got is None:
+            got, bad_job = None, e
+        if got is None and bad_job is None:  # the parent gave up on this prestarted evaluation
             if session is not None:
                 session.close()
             return 0
-        progress("job received")
-        args.task, args.workloads, timings = got.get("task"), got.get("workloads") or "", got.get("timings") or {}
+        progress(RECEIVED)
+        if bad_job is not None:  # the parent's fault, never the candidate's
+            early = early or Failure("runtime_error", f"{JUDGE_CRASH}the evaluation's job: {bad_job}")
+        else:
+            args, timings = args.with_job(got), got.timings
         if waiting:  # started ahead of time: the evaluation's clock starts when the job came, imports were off it
             start = job.at if job is not None and job.at is not None else time.perf_counter()
             if session is not None:
@@ -596,7 +602,7 @@ def main(argv: list[str] | None = None, network: str = "no (started in-process)"
     except Failure as f:
         result["status"], result["log_excerpt"] = f.status, clip(f.message)
     except BaseException as e:  # a harness or task problem
-        result["log_excerpt"] = clip("evaluation failed: " + "".join(traceback.format_exception(e)))
+        result["log_excerpt"] = clip(JUDGE_CRASH + "".join(traceback.format_exception(e)))
     if result["status"] != "passed":
         result["score"] = 0.0
     if prestarted:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ._torch import load_torch
-from .tensors import as_tensors
+from ksearch_graph.harness._torch import load_torch
+from ksearch_graph.harness.tensors import as_tensors
 
 TRIVIAL_REL_L2 = 0.5  # an output this far from the reference in L2 fails even if every element is within atol
 COMPARE_CHUNK = 1 << 26  # elements compared at a time in float64 (bounds the comparison's extra memory)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from ksearch_graph.config import SearchConfig
 from ksearch_graph.tasks.evaluation import Evaluator
-from .client import SubprocessEvaluator, gpu_driver_present
-from .pool import PoolError
+from ksearch_graph.harness.parent.client import SubprocessEvaluator, gpu_driver_present
+from ksearch_graph.harness.parent.pool import PoolError
 from ksearch_graph.tasks.task import Task
 
 
@@ -33,11 +33,11 @@ def evaluator_settings(config: SearchConfig) -> dict:
 def make_pool(options: PoolOptions, config: SearchConfig, task: Task | None = None) -> Evaluator:
     settings = evaluator_settings(config)
     if options.ray or options.ray_address:
-        from .ray_pool import RayPool
+        from ksearch_graph.harness.parent.ray_pool import RayPool
 
         return RayPool.connect(options.ray_address, settings=settings, gpu_model=options.gpu_model,
                                cpu_slots=options.cpu_slots, gpus=ray_gpu_count(options.gpus))
-    from .pool import local_pool
+    from ksearch_graph.harness.parent.pool import local_pool
 
     pool = local_pool(lambda env: SubprocessEvaluator(**settings, env=env), gpus=options.gpus,
                       cpu_slots=options.cpu_slots)

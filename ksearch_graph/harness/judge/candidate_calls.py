@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import time
 
-from ._torch import load_torch
-from .lending import lend, rebuild, take_output
-from .reporting import Failure
-from .runner_process import RunnerProcess
-from .shared_memory import ALIGN, Region, aligned
-from .tensors import leaves
-from .wire import Burst, Calibrate, Call, Done, Go, Lend, Output, Ready, Taken, Timed, Warm, Warmed
+from ksearch_graph.harness._torch import load_torch
+from ksearch_graph.harness.lending import lend, rebuild, take_output
+from ksearch_graph.harness.reporting import Failure
+from ksearch_graph.harness.judge.runner_process import RunnerProcess
+from ksearch_graph.harness.shared_memory import ALIGN, Region, aligned
+from ksearch_graph.harness.tensors import leaves
+from ksearch_graph.harness.wire import Burst, Calibrate, Call, Done, Go, Lend, Output, Ready, Taken, Timed, Warm, Warmed
 
 
 def output_bytes(value) -> int:

@@ -63,7 +63,7 @@ def uploaded_runtime_env() -> dict | None:
 def package_digest() -> str:
     """A hash of this package's source files, which the preflight compares on each node with the driver's: the code
     the workers run is the code the search was started with."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":

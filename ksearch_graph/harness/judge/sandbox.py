@@ -36,7 +36,7 @@ ALLOWED_ENV = ("LANG", "LC_", "TZ", "TERM", "CUDA_", "NVIDIA_", "NCCL_NVLS_ENABL
                "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "LD_LIBRARY_PATH", "CC", "CXX")
 HOME = "/tmp/home"  # inside: empty, writable, gone with the sandbox
 CACHE = "/ksearch-cache"  # inside: this evaluation's compile cache (Triton, CuPy, torch extensions)
-HARNESS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds ksearch_graph/
+HARNESS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # holds ksearch_graph/
 
 
 def bwrap_path() -> str | None:
