@@ -7,8 +7,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from langchain_core.language_models.chat_models import BaseChatModel
@@ -39,8 +40,8 @@ def load_module(name: str, path: Path):
 
 def task_modules(root: Path, prefix: str, template_configs: dict[str, dict], tmp_root: Path) -> dict:
     """A task's reference, baseline and seed, and its template rendered with each of ``template_configs``."""
-    from ksearch_graph.tasks.task import load_task
     from ksearch_graph.search.roles.template import render_template
+    from ksearch_graph.tasks.task import load_task
 
     task = load_task(root)
     mods = {name: load_module(f"{prefix}_{name}", root / f"{name}.py") for name in ("reference", "baseline", "seed")}

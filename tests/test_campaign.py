@@ -34,8 +34,8 @@ def test_campaign_runs_each_task_in_its_own_run_and_reports(tmp_path):
 
     # One more iteration each, and softmax_copy's scores as if measured on an H100: the campaign checks every
     # search before any starts, so it stops with nothing recorded anywhere; allowed, it goes on and says so.
-    from ksearch_graph.rundir.run_dir import RunDir
     from ksearch_graph.app.runs import extend
+    from ksearch_graph.rundir.run_dir import RunDir
 
     for name in ("softmax", "softmax_copy"):
         run = RunDir.open(runs / name, writer=True)

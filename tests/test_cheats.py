@@ -39,15 +39,15 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 import ksearch_graph
-from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.harness.parent.client import SubprocessEvaluator
+from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.tasks.task import Task, load_task
 
 pytestmark = pytest.mark.slow  # every cheat is caught by whole evaluations (two processes each)

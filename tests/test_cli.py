@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SOFTMAX, attempt_rows, FakeOpenAIServer, Reply, run_cli, show_json
+from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, attempt_rows, run_cli, show_json
 
 pytestmark = pytest.mark.slow  # every test runs the ksearch command in subprocesses
 
@@ -127,6 +127,7 @@ def test_dead_endpoint_pauses_then_resume_with_server_back(tmp_path):
     assert show_json(run_dir)["status"] == "paused"
     # The endpoint comes back elsewhere: resume points the run at it and the search finishes.
     from conftest import insert, kernel_answer, script
+
     from ksearch_graph.tasks.task import load_task
 
     replies = [Reply.json(json.loads(script([insert("root", f"idea {i}") for i in range(3)], reflect=False))),
@@ -144,7 +145,7 @@ def test_kill9_at_random_moments_then_resume_matches_uninterrupted(finished_run,
     args = ["run", str(SOFTMAX), "--run-dir", str(run_dir), "--iterations", str(ITERATIONS),
             "--stagnation-window", "2", "--quiet"]
     kills = 0
-    for round_ in range(12):
+    for _round in range(12):
         proc = subprocess.Popen([sys.executable, "-m", "ksearch_graph.cli.main", *args], cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:

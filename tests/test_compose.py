@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+import pytest
 from conftest import SOFTMAX
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 
 from ksearch_graph.app.compose import kernel_search_node, optimize_kernel
-import pytest
 
 pytestmark = pytest.mark.slow  # runs searches as subgraphs and tools
 
@@ -112,6 +112,7 @@ def test_subgraph_with_an_llm_planner_and_coder(tmp_path):
     import json
 
     from conftest import FakeOpenAIServer, Reply, insert, kernel_answer, script
+
     from ksearch_graph.tasks.task import load_task
 
     replies = [Reply.json(json.loads(script([insert("root", f"idea {i}") for i in range(3)], reflect=False))),

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.harness.parent.client import SubprocessEvaluator
-from ksearch_graph.tasks.task import Task, load_task
 from ksearch_graph.search.roles.template import default_params, render_template
+from ksearch_graph.tasks.evaluation import EvalResult, Status
+from ksearch_graph.tasks.task import Task, load_task
 
 pytestmark = pytest.mark.slow  # every test runs whole evaluations
 

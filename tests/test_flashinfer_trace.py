@@ -11,19 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, FakeOpenAIServer, Reply, insert, run_cli, script
+from conftest import REPO, FakeOpenAIServer, Reply, insert, load_module, run_cli, script
 from flashinfer_bench import Definition as FIDefinition
 from flashinfer_bench import EvaluationStatus, Solution, Trace, TraceSet
 from flashinfer_bench import Workload as FIWorkload
 from safetensors.torch import load_file
 
-from ksearch_graph.reports.export import export_best
-from ksearch_graph.tasks.flashinfer_trace import safetensors_header
-from ksearch_graph.reports.flashinfer_trace_export import export_flashinfer_trace, workload_uuid
-from ksearch_graph.tasks.flashinfer_trace_task import META_FILE, materialise_definition, spread
 from ksearch_graph.app.preflight import stand_in
+from ksearch_graph.reports.export import export_best
+from ksearch_graph.reports.flashinfer_trace_export import export_flashinfer_trace, workload_uuid
+from ksearch_graph.tasks.flashinfer_trace import safetensors_header
+from ksearch_graph.tasks.flashinfer_trace_task import META_FILE, materialise_definition, spread
 from ksearch_graph.tasks.task import TaskError, load_task
-from conftest import load_module
 
 DATA = REPO / "tests" / "data" / "flashinfer_trace"
 DEFINITION = DATA / "definitions" / "rmsnorm" / "rmsnorm_h64.json"
@@ -319,8 +318,8 @@ def test_offline_planner_on_a_definition_says_to_use_an_llm(tmp_path):
 def test_export_of_our_own_task_without_search(tmp_path, softmax_task):
     """Unit level: attempts put straight into a run's store, no search; statuses mapped per workload."""
     from ksearch_graph.config import SearchConfig
-    from ksearch_graph.tasks.evaluation import EvalResult, WorkloadResult
     from ksearch_graph.rundir.run_dir import RunDir
+    from ksearch_graph.tasks.evaluation import EvalResult, WorkloadResult
 
     run = RunDir.create(tmp_path / "run", softmax_task.root, SearchConfig())
     store = run.store()

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.harness.parent.client import SubprocessEvaluator
+from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.tasks.task import load_task
 
 pytestmark = pytest.mark.slow  # every test runs whole evaluations (judge and candidate processes)

@@ -11,10 +11,9 @@ import sys
 import pytest
 import torch
 
-from ksearch_graph.harness.policy import POLICY
 from ksearch_graph.harness import _torch, gpu
+from ksearch_graph.harness.policy import POLICY
 from ksearch_graph.harness.timer import Timer
-
 
 CUDA = torch.cuda.is_available()
 

@@ -286,9 +286,9 @@ def judge_call(folder: Path, submission: str, workload: int = 0, seed: int = 0):
     on its own inputs, then the task's check (or the elementwise comparison) and the unchanged-inputs check with the
     writable inputs left out. Returns (status, message, the judge's inputs after the check)."""
     from ksearch_graph.harness.judge.compare import compare, same
+    from ksearch_graph.harness.modules import load_module
     from ksearch_graph.harness.task_checks import run_check
     from ksearch_graph.harness.tasks import read_task
-    from ksearch_graph.harness.modules import load_module
     from ksearch_graph.harness.tensors import as_tensors, clone
     from ksearch_graph.harness.writable import without_writable, writable_paths
 

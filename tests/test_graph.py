@@ -12,12 +12,13 @@ import json
 import openai
 import pytest
 from conftest import SOFTMAX, insert, kernel_answer, script
-from ksearch_graph.config import Budget, SearchConfig
-from ksearch_graph.search.context import make_context
-from ksearch_graph.llm.client import EndpointUnavailable, LLMSettings
-from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner
+
 from ksearch_graph.app.runs import drive, start
+from ksearch_graph.config import Budget, SearchConfig
+from ksearch_graph.llm.client import EndpointUnavailable, LLMSettings
 from ksearch_graph.reports.run_view import history, state_at, summary
+from ksearch_graph.search.context import make_context
+from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner
 from ksearch_graph.search.world_model import WorldModel
 
 pytestmark = pytest.mark.slow  # every test runs the whole search graph with a real store and checkpointer
@@ -279,8 +280,8 @@ def test_store_is_safe_under_concurrent_writers(tmp_path):
     """Parallel cycles and the progress view share one store connection from several threads."""
     import threading
 
-    from ksearch_graph.tasks.evaluation import EvalResult, Status
     from ksearch_graph.rundir.store import RunStore
+    from ksearch_graph.tasks.evaluation import EvalResult, Status
 
     store = RunStore(tmp_path / "store.sqlite")
     errors = []

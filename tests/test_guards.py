@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from ksearch_graph.harness import _torch, guards
-from ksearch_graph.harness.timing import timed_burst
 from ksearch_graph.harness.timer import Timer
-
+from ksearch_graph.harness.timing import timed_burst
 
 CUDA = torch.cuda.is_available()
 

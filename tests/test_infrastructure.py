@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import sqlite3
@@ -56,8 +55,8 @@ def test_the_judge_options_and_job_travel_intact():
 
 
 def test_classify_tells_the_tasks_and_the_harness_failures_from_the_candidates():
-    from ksearch_graph.tasks.evaluation import EvalResult, Status
     from ksearch_graph.harness.parent.failures import classify
+    from ksearch_graph.tasks.evaluation import EvalResult, Status
 
     def kind(status, log, reference=None):
         result = classify(EvalResult(status=status, log_excerpt=log), reference=reference)

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.harness.parent.client import SubprocessEvaluator
+from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.tasks.task import Task, load_task
 
 CUDA = torch.cuda.is_available()
@@ -470,9 +470,9 @@ def test_prestarted_evaluations_are_fresh_processes_whose_imports_cost_nothing(t
 def test_a_search_on_a_gpu_host_starts_its_first_evaluations_processes_as_it_starts(monkeypatch, tmp_path):
     """The evaluator a search makes for itself prestarts on a GPU host, before the first candidate exists, and
     those processes time the search's task's reference while they wait."""
-    from ksearch_graph.search import context
-    from ksearch_graph.harness.parent import client
     from ksearch_graph.config import SearchConfig
+    from ksearch_graph.harness.parent import client
+    from ksearch_graph.search import context
 
     task = write_task(tmp_path / "task")
     monkeypatch.setattr(client, "gpu_driver_present", lambda: True)

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import REPO, load_module, run_cli
 
 from ksearch_graph.tasks.kernelbench import SEED_FILE, materialise_problem, rename_model
 from ksearch_graph.tasks.task import TaskError, load_task
-from conftest import load_module
 
 PROBLEM = REPO / "tests" / "data" / "kernelbench" / "1_Linear_ReLU.py"
 

@@ -14,10 +14,10 @@ import pytest
 from conftest import SOFTMAX, action, insert, run_cli
 
 from ksearch_graph.llm import local as local_llm
-from ksearch_graph.search.roles.protocol import CodeRequest, Evidence
 from ksearch_graph.llm.client import LLMConfigError, LLMSettings
-from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner, PromptBudget, estimate_tokens, fit_prompt
 from ksearch_graph.llm.local import LocalModel, LocalServer, LocalServerError, ModelIntegrityError, ensure_model
+from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner, PromptBudget, estimate_tokens, fit_prompt
+from ksearch_graph.search.roles.protocol import CodeRequest, Evidence
 from ksearch_graph.search.world_model import WorldModel, apply_edits, parse_edit_script
 
 pytestmark = pytest.mark.slow  # downloads or runs the local model, or starts llama.cpp's server

@@ -21,6 +21,7 @@ from collections import Counter
 
 import pytest
 from conftest import REPO, SOFTMAX, kernel_answer, run_cli
+
 from ksearch_graph.harness.parent.client import SubprocessEvaluator
 from ksearch_graph.harness.parent.pool import local_pool
 

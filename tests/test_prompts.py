@@ -11,15 +11,23 @@ import re
 
 import pytest
 from conftest import REPO, SOFTMAX, insert, script
-from ksearch_graph.llm import client as llm
-from ksearch_graph.search.roles.protocol import CodeRequest, Evidence
-from ksearch_graph.tasks.evaluation import EvalResult, Status, WorkloadResult
+
 from ksearch_graph.config import LLMSettings
+from ksearch_graph.llm import client as llm
 from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner
 from ksearch_graph.search.roles.prompt_parts import compact_spec, performance_table
+from ksearch_graph.search.roles.protocol import CodeRequest, Evidence
+from ksearch_graph.search.world_model import (
+    Attachment,
+    EditScript,
+    WorldModel,
+    apply_edits,
+    close_node,
+    parse_edit_script,
+)
+from ksearch_graph.tasks.evaluation import EvalResult, Status, WorkloadResult
 from ksearch_graph.tasks.speed_of_light import SpeedOfLight, task_work
 from ksearch_graph.tasks.task import load_task
-from ksearch_graph.search.world_model import Attachment, EditScript, WorldModel, apply_edits, close_node, parse_edit_script
 
 PAPER_TASKS = ["gqa_paged_decode_h32_kv4_d128_ps1", "mla_paged_decode_h16_ckv512_kpe64_ps1",
                "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1",
@@ -185,9 +193,9 @@ def test_the_coder_does_not_repeat_a_fix_that_already_failed(tmp_path, scripted)
     """A scripted coder whose judgement is only "take the first fix I know that this prompt does not show as
     tried": with the cycle's history in the prompt it tries clamp, then double, then max (which works). Without the
     history, the third prompt would show only the last failure (double) and it would try clamp again."""
+    from ksearch_graph.app.runs import drive, start
     from ksearch_graph.config import Budget, SearchConfig
     from ksearch_graph.search.context import make_context
-    from ksearch_graph.app.runs import drive, start
 
     def next_fix(messages) -> str:
         prompt = str(messages[-1].content)

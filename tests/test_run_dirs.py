@@ -12,7 +12,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SOFTMAX, attempt_rows, FakeOpenAIServer, Reply, insert, run_cli, script, show_json
+from conftest import REPO, SOFTMAX, FakeOpenAIServer, Reply, attempt_rows, insert, run_cli, script, show_json
 
 pytestmark = pytest.mark.slow  # real searches through the CLI, killed and resumed
 
@@ -224,8 +224,8 @@ def test_resume_on_another_gpu_model_stops_unless_allowed(small_run, tmp_path):
 
 
 def test_a_server_run_on_another_gpu_model_is_refused_unless_allowed(small_run, tmp_path):
-    from ksearch_graph.search.context import _server_contexts, context_for
     from ksearch_graph.rundir.gpu_record import GpuModelChanged
+    from ksearch_graph.search.context import _server_contexts, context_for
 
     run = _begun_on_h100(small_run, tmp_path / "h100")
     context = {"task": str(SOFTMAX), "run_dir": str(run)}

@@ -8,7 +8,6 @@ there a missing sandbox is a failure)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import socket
@@ -20,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_graph.tasks.evaluation import Status
 from ksearch_graph.harness.judge import sandbox
 from ksearch_graph.harness.judge.cgroup import CpuAccount, CpuGroup, ProcessTree
 from ksearch_graph.harness.parent.client import SandboxUnavailable, SubprocessEvaluator
+from ksearch_graph.tasks.evaluation import Status
 from ksearch_graph.tasks.task import load_task
 
 CHEATS = Path(__file__).resolve().parent / "cheats"

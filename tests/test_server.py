@@ -39,7 +39,7 @@ def server():
         except OSError:
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
-                raise AssertionError("langgraph dev did not start:\n" + proc.stdout.read()[-3000:])
+                raise AssertionError("langgraph dev did not start:\n" + proc.stdout.read()[-3000:]) from None
             time.sleep(0.5)
     yield url
     proc.terminate()

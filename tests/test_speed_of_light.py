@@ -7,6 +7,7 @@ import math
 
 import pytest
 from conftest import REPO, SOFTMAX
+
 from ksearch_graph.tasks.evaluation import EvalResult, Status, WorkloadResult
 from ksearch_graph.tasks.gpu_specs import gpu_spec
 from ksearch_graph.tasks.speed_of_light import SpeedOfLight, Work, fractions, task_work, work_from_json, work_to_json

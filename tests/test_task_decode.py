@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from ksearch_graph.tasks.evaluation import Status
-from ksearch_graph.harness.parent.client import SubprocessEvaluator
-from ksearch_graph.tasks.task import load_task
-from ksearch_graph.search.roles.template import default_params, render_template
 from conftest import load_module, task_modules
+
+from ksearch_graph.harness.parent.client import SubprocessEvaluator
+from ksearch_graph.search.roles.template import default_params, render_template
+from ksearch_graph.tasks.evaluation import Status
+from ksearch_graph.tasks.task import load_task
 
 pytestmark = pytest.mark.slow  # evaluations of the paper's decode tasks
 

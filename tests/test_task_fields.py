@@ -15,9 +15,9 @@ import torch
 from ksearch_graph.harness.judge.compare import same
 from ksearch_graph.harness.judge.input_sizes import InputsTooLarge, check_input_sizes, estimate, on_meta
 from ksearch_graph.harness.judge.memory_watch import MemoryWatch, rss_bytes
+from ksearch_graph.harness.modules import load_module
 from ksearch_graph.harness.requirements import parse_requires, unmet_requirement
 from ksearch_graph.harness.tasks import read_task
-from ksearch_graph.harness.modules import load_module
 from ksearch_graph.harness.writable import parse_path, parse_writable, without_writable, writable_paths
 from ksearch_graph.tasks.task import TaskError, TaskSpec, load_task
 

@@ -8,7 +8,6 @@ import torch
 
 from ksearch_graph.harness import _torch, tensors
 
-
 CUDA = torch.cuda.is_available()
 
 

@@ -10,11 +10,10 @@ import time
 import pytest
 import torch
 
-from ksearch_graph.harness.policy import POLICY
 from ksearch_graph.harness import _torch, reporting, timing
 from ksearch_graph.harness.judge import candidate_calls, judge
+from ksearch_graph.harness.policy import POLICY
 from ksearch_graph.harness.timer import Timer
-
 
 CUDA = torch.cuda.is_available()
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ksearch_graph.tasks.evaluation import Status
 from ksearch_graph.harness.parent.client import SubprocessEvaluator
+from ksearch_graph.tasks.evaluation import Status
 from ksearch_graph.tasks.task import load_task
 
 pytestmark = pytest.mark.slow  # evaluations of TriMul candidates

@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ksearch_graph.app.runs import drive, start  # noqa: E402
 from ksearch_graph.config import Budget, SearchConfig  # noqa: E402
 from ksearch_graph.search.context import make_context  # noqa: E402
-from ksearch_graph.tasks.evaluation import EvalResult, Status  # noqa: E402
 from ksearch_graph.search.roles.offline import params_of  # noqa: E402
-from ksearch_graph.app.runs import drive, start  # noqa: E402
+from ksearch_graph.tasks.evaluation import EvalResult, Status  # noqa: E402
 
 
 class InstantEvaluator:

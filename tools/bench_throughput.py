@@ -35,7 +35,6 @@ import random
 import re
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -44,17 +43,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from fake_openai_server import FakeOpenAIServer, Reply  # noqa: E402
 
-from ksearch_graph.config import Budget, SearchConfig  # noqa: E402
-from ksearch_graph.tasks.evaluation import EvalResult, Status  # noqa: E402
+from ksearch_graph.app.runs import drive, start  # noqa: E402
+from ksearch_graph.config import (  # noqa: E402
+    Budget,
+    LLMSettings,  # noqa: E402
+    SearchConfig,
+)
 from ksearch_graph.harness.parent.client import SubprocessEvaluator  # noqa: E402
 from ksearch_graph.harness.parent.pool import EvaluationPool, Slot  # noqa: E402
-from ksearch_graph.config import LLMSettings  # noqa: E402
-from ksearch_graph.search.roles.offline import params_of  # noqa: E402
 from ksearch_graph.search.context import make_context  # noqa: E402
-from ksearch_graph.app.runs import drive, start  # noqa: E402
-from ksearch_graph.tasks.task import load_task  # noqa: E402
+from ksearch_graph.search.roles.offline import params_of  # noqa: E402
 from ksearch_graph.search.roles.template import render_template  # noqa: E402
 from ksearch_graph.search.world_model import MAX_INIT_NODES, MAX_NEW_NODES  # noqa: E402
+from ksearch_graph.tasks.evaluation import EvalResult, Status  # noqa: E402
+from ksearch_graph.tasks.task import load_task  # noqa: E402
 
 TASK = Path(__file__).resolve().parent.parent / "examples" / "softmax"
 
@@ -70,7 +72,7 @@ class StandInLLM(FakeOpenAIServer):
         self.ideas = 0
         self.latency_total = 0.0  # the latency it added, summed over its answers
 
-    def start(self) -> "StandInLLM":
+    def start(self) -> StandInLLM:
         super().start()
         # Headers and body go out as two writes: without TCP_NODELAY each answer waits ~40 ms for a delayed ACK.
         self._httpd.RequestHandlerClass.disable_nagle_algorithm = True
@@ -281,8 +283,8 @@ def main() -> None:
                 if kind == "ray":
                     ray.shutdown()
     serial = {r["pool"]: r for r in rows if r["workers"] == 1 and r["k"] == 1 and r["samples"] == 1}
-    print(f"\n| pool | workers | k x samples | iterations | iterations/hour | x serial | busy (steady) | busy (run) | "
-          f"start-up s | driver CPU ms/iter |\n|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| pool | workers | k x samples | iterations | iterations/hour | x serial | busy (steady) | busy (run) | "
+          "start-up s | driver CPU ms/iter |\n|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         base = serial.get(r["pool"])
         speedup = f"{r['iterations_per_hour'] / base['iterations_per_hour']:.2f}" if base else "-"

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from contextlib import closing
 import fcntl
 import json
 import os
@@ -42,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 

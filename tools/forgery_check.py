@@ -92,8 +92,8 @@ def guard_costs() -> dict:
     with the audit hook, and the hook per event, in this process (the hook stays installed: run this last)."""
     import types
 
-    from ksearch_graph.harness.candidate import forgery, runner  # noqa: F401  (runner: its module is in the snapshot)
     from ksearch_graph.harness._torch import load_torch
+    from ksearch_graph.harness.candidate import forgery, runner  # noqa: F401  (runner: its module is in the snapshot)
     from ksearch_graph.harness.guards import InterpreterHooks, LibraryPatches
     from ksearch_graph.harness.timer import Timer
 

@@ -69,7 +69,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     base = rows[0]["evaluations_per_hour"]
-    print(f"\n| config | evaluations | passed | wall (s) | evaluations/hour | x first | GPU busy |\n|---|---|---|---|---|---|---|")
+    print("\n| config | evaluations | passed | wall (s) | evaluations/hour | x first | GPU busy |\n|---|---|---|---|---|---|---|")
     for r in rows:
         busy = ", ".join(f"{s} {v:.0%}" for s, v in r["busy_per_slot"].items())
         print(f"| {r['config']} | {r['evaluations']} | {r['passed']} | {r['wall_s']} | {r['evaluations_per_hour']} | "

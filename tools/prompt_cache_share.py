@@ -35,12 +35,15 @@ from langchain_core.language_models.chat_models import BaseChatModel  # noqa: E4
 from langchain_core.messages import AIMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 
-from ksearch_graph.config import Budget, SearchConfig  # noqa: E402
-from ksearch_graph.search.context import make_context  # noqa: E402
-from ksearch_graph.tasks.evaluation import EvalResult, Status, WorkloadResult, geometric_mean  # noqa: E402
-from ksearch_graph.config import LLMSettings  # noqa: E402
-from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner  # noqa: E402
 from ksearch_graph.app.runs import drive, start  # noqa: E402
+from ksearch_graph.config import (  # noqa: E402
+    Budget,
+    LLMSettings,  # noqa: E402
+    SearchConfig,
+)
+from ksearch_graph.search.context import make_context  # noqa: E402
+from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner  # noqa: E402
+from ksearch_graph.tasks.evaluation import EvalResult, Status, WorkloadResult, geometric_mean  # noqa: E402
 from ksearch_graph.tasks.speed_of_light import SpeedOfLight, task_work  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

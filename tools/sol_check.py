@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ksearch_graph.tasks.gpu_specs import gpu_spec  # noqa: E402
 from ksearch_graph.harness.modules import load_module  # noqa: E402
+from ksearch_graph.tasks.gpu_specs import gpu_spec  # noqa: E402
 from ksearch_graph.tasks.speed_of_light import SpeedOfLight, fractions, task_work  # noqa: E402
 from ksearch_graph.tasks.task import load_task  # noqa: E402
 

@@ -33,7 +33,6 @@ from ksearch_graph.tasks.task import TaskError, load_task  # noqa: E402
 from ksearch_graph.tasks.task_sources import discover, materialise, reference_candidate  # noqa: E402
 
 
-
 def first_line(message: str, paths: list[Path], name: str = "") -> str:
     """A reason without the problem's own path and name, so equal reasons count together."""
     text = message.strip().splitlines()[0] if message.strip() else ""
@@ -160,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         for source in args.sources:
             found = [(k, path) for k, path in discover(source) if re.search(args.only, str(path))]
             print(f"[coverage] {source}: {len(found)} problems", file=sys.stderr, flush=True)
-            for i, (kind, path) in enumerate(found):
+            for kind, path in found:
                 row = survey(kind, path, Path(tmp) / f"{len(rows)}", device, args.max_input_mb)
                 rows.append(row | {"source": str(source)})
         if args.evaluate:

@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from langchain_core.tools import tool
 from langchain.agents import create_agent
+from langchain_core.tools import tool
 
 from ksearch_graph.app.compose import optimize_kernel
 

@@ -37,7 +37,7 @@ class Campaign:
     results: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, path: Path, tasks: list[Task]) -> "Campaign | None":
+    def open(cls, path: Path, tasks: list[Task]) -> Campaign | None:
         """The campaign in ``path``, or None when there is none; ``tasks`` (if given) must be its tasks."""
         manifest = path / CAMPAIGN_FILE
         if not manifest.is_file():
@@ -65,7 +65,7 @@ class Campaign:
                                   "search it; search it with an LLM: --model M [--base-url URL]")
 
     @classmethod
-    def create(cls, path: Path, tasks: list[Task], config: SearchConfig) -> "Campaign":
+    def create(cls, path: Path, tasks: list[Task], config: SearchConfig) -> Campaign:
         """A new campaign with one run directory per task, made whole in a hidden folder beside ``path`` and renamed
         into place: a campaign that cannot be made (a full disk) leaves nothing behind."""
         cls.check_tasks(tasks, config)
@@ -116,8 +116,8 @@ class Campaign:
     def run(self, evaluator, *, quiet: bool = False, table_every_s: float = 10.0, allow_gpu_change: bool = False) -> int:
         """Drive every unfinished search at once on ``evaluator``; returns how many failed. A search measured on
         another GPU model than the pool's stops the campaign before any starts, unless ``allow_gpu_change``."""
-        from ksearch_graph.search.context import make_context
         from ksearch_graph.app.runs import drive, has_started
+        from ksearch_graph.search.context import make_context
 
         self.check_gpu_models(evaluator, allow_gpu_change=allow_gpu_change)
         todo = self.unfinished()

@@ -24,9 +24,9 @@ from typing import Any
 from langchain_core.tools import tool
 
 from ksearch_graph.config import Budget, SearchConfig
+from ksearch_graph.rundir.run_dir import RUN_FILE, RunDir
 from ksearch_graph.search.context import ServerRunContext
 from ksearch_graph.search.graph import build_search_graph
-from ksearch_graph.rundir.run_dir import RUN_FILE, RunDir
 
 
 def _result(run_dir: str | Path, values: dict) -> dict[str, Any]:
@@ -71,9 +71,9 @@ def optimize_kernel(task_dir: str, run_dir: str, iterations: int = 10, model: st
     offline template search. Returns the best kernel's files, its score (speed-up over the task's
     reference), latency in microseconds, and the run directory and thread id to resume it.
     """
-    from ksearch_graph.search.context import make_context
-    from ksearch_graph.config import LLMSettings
     from ksearch_graph.app.runs import drive, extend, has_started, is_finished
+    from ksearch_graph.config import LLMSettings
+    from ksearch_graph.search.context import make_context
 
     if (Path(run_dir) / RUN_FILE).exists():
         run = RunDir.open(run_dir)

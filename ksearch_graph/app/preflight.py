@@ -28,12 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ksearch_graph import __version__
-from ksearch_graph.tasks.evaluation import EvalResult
-from ksearch_graph.rundir.gpu_record import describe, same_model
-from ksearch_graph.harness.parent.ray_shipping import package_digest
 from ksearch_graph.harness.parent.failures import infrastructure_error
+from ksearch_graph.harness.parent.ray_shipping import package_digest
+from ksearch_graph.rundir.gpu_record import describe, same_model
 from ksearch_graph.search.infrastructure import InfrastructureDown, evaluate_guarded
-from ksearch_graph.tasks.evaluation import error_headline
+from ksearch_graph.tasks.evaluation import EvalResult, error_headline
 from ksearch_graph.tasks.task import Task
 
 PROBE_TIMEOUT_S = 180

@@ -5,24 +5,21 @@ The CLI is a thin shell over these functions; tests and other programs can call 
 
 from __future__ import annotations
 
-import functools
-import json
 import re
-import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from langgraph.types import Command
 
 from ksearch_graph.config import SearchConfig
-from ksearch_graph.search.context import SearchContext
 from ksearch_graph.rundir.gpu_record import keep_to_branch
-from ksearch_graph.search.graph import build_search_graph
 from ksearch_graph.rundir.integrity import open_for_reading
 from ksearch_graph.rundir.run_dir import RunDir, RunDirError, copy_sqlite
-from ksearch_graph.tasks.speed_of_light import row_fractions, run_work
 from ksearch_graph.rundir.store import attempt_summary
+from ksearch_graph.search.context import SearchContext
+from ksearch_graph.search.graph import build_search_graph
 from ksearch_graph.search.world_model import WorldModel, check_invariants
 
 EventSink = Callable[[dict], None]
@@ -42,7 +39,7 @@ def drive(run: RunDir, ctx: SearchContext, *, fresh: bool, on_event: EventSink |
     config["max_concurrency"] = 64
     ctx.store.set_meta("status", "running")
     try:
-        for namespace, mode, chunk in graph.stream(
+        for _namespace, mode, chunk in graph.stream(
             Command(resume=answer) if answer is not None else ({} if fresh else None),
             config,
             context=ctx,

@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 import json
 
-from ksearch_graph.tasks.evaluation import EvalResult
-from ksearch_graph.search.roles.prompt_parts import performance_table
 from ksearch_graph.rundir.run_dir import RunDir, RunDirError
-from ksearch_graph.tasks.speed_of_light import SpeedOfLight, row_fractions, run_work
 from ksearch_graph.rundir.transcripts import keys_for_attempt, render
+from ksearch_graph.search.roles.prompt_parts import performance_table
+from ksearch_graph.tasks.evaluation import EvalResult
+from ksearch_graph.tasks.speed_of_light import SpeedOfLight, row_fractions, run_work
 
 NO_PROMPT = ("no prompt was recorded for it (the offline planner and coder use none; runs from before prompts were "
              "recorded keep none)")

@@ -18,12 +18,12 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from ksearch_graph.app.preflight import PreflightFailed
 from ksearch_graph.cli.options import checked, model_option
 from ksearch_graph.cli.search_commands import EXIT_INFRASTRUCTURE, cmd_campaign, cmd_resume, cmd_run
 from ksearch_graph.config import Budget, SearchConfig
 from ksearch_graph.rundir.integrity import StorageUnavailable
-from ksearch_graph.app.preflight import PreflightFailed
-from ksearch_graph.rundir.run_dir import RunDir, RunDirError
+from ksearch_graph.rundir.run_dir import RunDirError
 from ksearch_graph.rundir.run_lock import RunLocked
 from ksearch_graph.tasks.task import TaskError
 
@@ -109,8 +109,8 @@ def _add_gpu_change_option(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_history(args) -> int:
-    from ksearch_graph.rundir.integrity import open_for_reading
     from ksearch_graph.reports.run_view import dumps, history
+    from ksearch_graph.rundir.integrity import open_for_reading
 
     rows = history(open_for_reading(args.run_dir))
     if args.json:
@@ -164,10 +164,10 @@ def cmd_recover(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from ksearch_graph.rundir.integrity import open_for_reading
     from ksearch_graph.reports.run_view import dumps, iter_tree_lines, state_at, summary
-    from ksearch_graph.tasks.speed_of_light import sol_summary
+    from ksearch_graph.rundir.integrity import open_for_reading
     from ksearch_graph.search.world_model import WorldModel
+    from ksearch_graph.tasks.speed_of_light import sol_summary
 
     run = open_for_reading(args.run_dir)
     if args.attempt:

@@ -39,7 +39,7 @@ def checked(model: type[BaseModel], field: str):
         try:
             value = base(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if base is int else 'a number'}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if base is int else 'a number'}") from None
         try:
             return adapter.validate_python(value)
         except ValidationError as e:

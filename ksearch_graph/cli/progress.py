@@ -8,12 +8,11 @@ timings the fraction of the speed-of-light floor it reached (flagged when faster
 from __future__ import annotations
 
 import os
-import re
 import sys
 from typing import TextIO
 
-from ksearch_graph.tasks.evaluation import error_headline
 from ksearch_graph.rundir.store import RunStore
+from ksearch_graph.tasks.evaluation import error_headline
 
 
 def show_llm_heartbeats(out: TextIO = sys.stdout) -> None:

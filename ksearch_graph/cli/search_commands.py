@@ -39,10 +39,10 @@ def _make_evaluator(options, config: SearchConfig, task):
     """The evaluation pool a search will use, made before anything is written (a bad option, a Ray cluster that
     cannot be joined, or a host that cannot make the candidates' sandbox stops the command with nothing left
     behind)."""
+    from ksearch_graph.app.preflight import sandbox_failure
     from ksearch_graph.harness.parent.client import SandboxUnavailable
     from ksearch_graph.harness.parent.make_pool import make_pool
     from ksearch_graph.harness.parent.pool import PoolError
-    from ksearch_graph.app.preflight import sandbox_failure
 
     try:
         return make_pool(options, config, task)
@@ -255,12 +255,12 @@ def _show_question(q: dict) -> None:
 
 def _drive_search(run: RunDir, *, fresh: bool, quiet: bool, answer: dict | None = None, evaluator=None,
                   allow_gpu_change: bool = False) -> int:
+    from ksearch_graph.app.runs import drive, pending_question
+    from ksearch_graph.cli.progress import ProgressPrinter, show_llm_heartbeats
+    from ksearch_graph.llm.client import EndpointUnavailable, LLMConfigError
     from ksearch_graph.search.context import make_context
     from ksearch_graph.search.infrastructure import InfrastructureDown
-    from ksearch_graph.llm.client import EndpointUnavailable, LLMConfigError
     from ksearch_graph.search.nodes.world_model_update import PlannerFailed
-    from ksearch_graph.cli.progress import ProgressPrinter, show_llm_heartbeats
-    from ksearch_graph.app.runs import drive, pending_question
 
     ctx = make_context(run, evaluator=evaluator, allow_gpu_change=allow_gpu_change)
     if ctx.gpu_note:
@@ -361,8 +361,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from ksearch_graph.rundir.integrity import check_for_writing
     from ksearch_graph.app.runs import extend, has_started, is_finished, pending_question
+    from ksearch_graph.rundir.integrity import check_for_writing
 
     run = RunDir.open(args.run_dir, writer=True)
     check_for_writing(run)

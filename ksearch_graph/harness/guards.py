@@ -121,7 +121,7 @@ class LibraryPatches:
         modules (its ``torch`` too) are watched, but ``reference``, which the runner wraps to count the candidate's
         calls of it."""
         torch = load_torch()
-        import torch.backends.cuda
+        import torch.backends.cuda  # noqa: F811  (the submodule loaded; the name stays load_torch()'s torch)
         import torch.nn.functional as F
 
         spaces = [("torch", torch), ("torch.nn.functional", F), ("torch.random", torch.random),

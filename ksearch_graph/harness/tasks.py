@@ -4,11 +4,9 @@ sets."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import platform
-import sys
 
 from ksearch_graph.harness._torch import load_torch
 from ksearch_graph.harness.requirements import parse_requires

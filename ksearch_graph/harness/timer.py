@@ -12,7 +12,7 @@ from ksearch_graph.harness.gpu import CudaRuntime, PowerGauge, launch_cover
 from ksearch_graph.harness.guards import InterpreterHooks
 from ksearch_graph.harness.policy import POLICY
 from ksearch_graph.harness.reporting import progress
-from ksearch_graph.harness.tensors import leaves, output_items, small_block_sizes, snapshot
+from ksearch_graph.harness.tensors import leaves, output_items, small_block_sizes
 
 
 class Timer:
@@ -221,7 +221,7 @@ class Timer:
         while self.cuda and perf() - started < POLICY.heat_max_s:
             done, now = len(self.untimed_us), []
             # NVML is read while calls still run: a GPU idle for a moment reads top clock again.
-            self.back_to_back(fn, args, POLICY.heat_window_s, while_busy=None if gauge is None else lambda: now.append(
+            self.back_to_back(fn, args, POLICY.heat_window_s, while_busy=None if gauge is None else lambda: now.append(  # noqa: B023 (called in this pass)
                 gauge.read()))
             windows.append(sum(self.untimed_us[done:]) / max(1, len(self.untimed_us) - done))
             held, watts = now[-1] if now else (None, None)

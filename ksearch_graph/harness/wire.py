@@ -24,7 +24,7 @@ import math
 import os
 import select
 import socket
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 MAX_FROM_CANDIDATE = 64 << 10  # bytes of one message from the candidate's process
 MAX_DATAGRAM = 128 << 10  # a larger message from the judge travels in a memfd

@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 import openai
 from langchain_core.callbacks import BaseCallbackHandler
@@ -34,7 +34,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ksearch_graph.config import LLMSettings
 
@@ -298,7 +298,7 @@ class _Heartbeat(BaseCallbackHandler):
     def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
         self.tokens += 1
 
-    def __enter__(self) -> "_Heartbeat":
+    def __enter__(self) -> _Heartbeat:
         self._started = time.monotonic()
         threading.Thread(target=self._beat, daemon=True, name=f"heartbeat-{self.role}").start()
         return self

@@ -18,10 +18,10 @@ import gzip
 import json
 from pathlib import Path
 
-from ksearch_graph.tasks.evaluation import EvalResult
 from ksearch_graph.harness.parent.client import write_files
-from ksearch_graph.rundir.integrity import open_for_reading
 from ksearch_graph.reports.run_view import state_at
+from ksearch_graph.rundir.integrity import open_for_reading
+from ksearch_graph.tasks.evaluation import EvalResult
 from ksearch_graph.tasks.speed_of_light import Fractions, row_fractions, run_work
 from ksearch_graph.tasks.task import Task
 

@@ -11,7 +11,7 @@ import json
 import math
 import re
 import uuid as uuidlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +132,7 @@ def attempt_traces(task: Task, row: dict, solution: str, workloads: dict[str, di
     status = result.get("status") or row["status"]
     evaluation_base = {
         "environment": _environment(result),
-        "timestamp": datetime.fromtimestamp(row.get("created") or 0, timezone.utc).isoformat(),
+        "timestamp": datetime.fromtimestamp(row.get("created") or 0, UTC).isoformat(),
         "log": (result.get("log_excerpt") or row.get("log_excerpt") or ""),
     }
     rows = result.get("workloads") or []
@@ -197,8 +197,8 @@ def export_flashinfer_trace(run_dir: str | Path, out_dir: str | Path, *, top: in
     definition, for a task that came from FlashInfer-Trace. Returns {"best": [...], "solutions": [...],
     "traces": [...], "definitions": [...]} (paths written).
     """
-    from ksearch_graph.rundir.integrity import open_for_reading
     from ksearch_graph.reports.run_view import state_at
+    from ksearch_graph.rundir.integrity import open_for_reading
 
     run = open_for_reading(run_dir)
     task = run.task()

@@ -25,11 +25,11 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ksearch_graph.reports.run_view import state_at, summary
 from ksearch_graph.rundir.integrity import open_for_reading
 from ksearch_graph.rundir.run_dir import RunDir
-from ksearch_graph.reports.run_view import state_at, summary
-from ksearch_graph.tasks.speed_of_light import fmt_percent, row_fractions, run_work, sol_summary
 from ksearch_graph.search.world_model import ROOT, Node, WorldModel
+from ksearch_graph.tasks.speed_of_light import fmt_percent, row_fractions, run_work, sol_summary
 
 PLOT_FILE = "best_score.png"
 esc = html.escape

@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import time
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from collections.abc import Iterator
 
-from langgraph.types import Command
-
-from ksearch_graph.config import SearchConfig
-from ksearch_graph.search.context import SearchContext
-from ksearch_graph.rundir.gpu_record import keep_to_branch
+from ksearch_graph.rundir.run_dir import RunDir, RunDirError
 from ksearch_graph.search.graph import build_search_graph
-from ksearch_graph.rundir.integrity import open_for_reading
-from ksearch_graph.rundir.run_dir import RunDir, RunDirError, copy_sqlite
+from ksearch_graph.search.world_model import WorldModel
 from ksearch_graph.tasks.speed_of_light import row_fractions, run_work
-from ksearch_graph.rundir.store import attempt_summary
-from ksearch_graph.search.world_model import WorldModel, check_invariants
 
 
 def history(run: RunDir) -> list[dict]:

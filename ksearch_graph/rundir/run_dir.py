@@ -20,13 +20,12 @@ import shutil
 import sqlite3
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from langgraph.checkpoint.sqlite import SqliteSaver
-
 from pydantic import ValidationError
 
 from ksearch_graph.config import SearchConfig
@@ -57,7 +56,7 @@ class RunDir:
 
     @classmethod
     def create(cls, path: str | Path, task_folder: str | Path, config: SearchConfig,
-               *, branched_from: dict | None = None, writer: bool = False) -> "RunDir":
+               *, branched_from: dict | None = None, writer: bool = False) -> RunDir:
         """A new run directory, made whole or not at all (see ``building``). ``writer``: keep holding its lock."""
         with cls.building(path, task_folder, config, branched_from=branched_from) as run:
             pass
@@ -69,7 +68,7 @@ class RunDir:
     @classmethod
     @contextmanager
     def building(cls, path: str | Path, task_folder: str | Path, config: SearchConfig,
-                 *, branched_from: dict | None = None) -> Iterator["RunDir"]:
+                 *, branched_from: dict | None = None) -> Iterator[RunDir]:
         """A new run directory, built in a hidden folder beside ``path`` (the task copied, run.json and the store
         written, then whatever the block adds) and renamed into place when the block ends without error. On any
         error, a full disk included, nothing is left behind: no half-made directory for ``resume`` to refuse.
@@ -107,7 +106,7 @@ class RunDir:
         run.lock.path = path / run.lock.path.name
 
     @classmethod
-    def open(cls, path: str | Path, *, writer: bool = False, read_only: bool = False) -> "RunDir":
+    def open(cls, path: str | Path, *, writer: bool = False, read_only: bool = False) -> RunDir:
         """An existing run directory. ``writer``: take its lock (RunLocked if another process holds it);
         ``read_only``: a reader's view, which writes nothing."""
         path = Path(path)
@@ -125,7 +124,7 @@ class RunDir:
                               "from the copy in store.sqlite") from None
 
     @classmethod
-    def from_manifest(cls, path: Path, data: dict, *, lock: RunLock | None = None) -> "RunDir":
+    def from_manifest(cls, path: Path, data: dict, *, lock: RunLock | None = None) -> RunDir:
         return cls(path=path, config=SearchConfig.model_validate(data["config"]), thread_id=data["thread_id"],
                    branched_from=data.get("branched_from"), lock=lock)
 

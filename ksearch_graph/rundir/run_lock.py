@@ -27,7 +27,7 @@ class RunLock:
         self.path = Path(run_path) / LOCK_FILE
         self._fd: int | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # OSError on a read-only dir: the CLI words it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -45,7 +45,7 @@ class RunLock:
             os.close(self._fd)  # closing the file drops the lock
             self._fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -147,7 +147,7 @@ class RunStore:
         self._settle()
 
     @classmethod
-    def reader(cls, path: str | Path, *, live: bool = False) -> "RunStore":
+    def reader(cls, path: str | Path, *, live: bool = False) -> RunStore:
         """A reader's store: nothing is created or changed beside the file (sqlite_snapshot.py; ``live``: its writer
         runs now); writes fail."""
         from ksearch_graph.rundir.sqlite_snapshot import open_read_only

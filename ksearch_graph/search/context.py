@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ksearch_graph.search.roles.protocol import Coder, Planner
-from ksearch_graph.search.budget import BudgetGate
 from ksearch_graph.config import Budget, SearchConfig
-from ksearch_graph.tasks.evaluation import Evaluator
 from ksearch_graph.rundir.run_dir import RUN_FILE, RunDir
 from ksearch_graph.rundir.store import RunStore
+from ksearch_graph.search.budget import BudgetGate
+from ksearch_graph.search.roles.protocol import Coder, Planner
+from ksearch_graph.tasks.evaluation import Evaluator
 from ksearch_graph.tasks.task import Task
 
 

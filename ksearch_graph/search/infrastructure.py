@@ -16,10 +16,10 @@ the same way.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.harness.parent.failures import classify
+from ksearch_graph.tasks.evaluation import EvalResult, Status
 
 TRIES = 3  # evaluations of one attempt that failed outside the candidate before the control decides
 

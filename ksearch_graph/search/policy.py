@@ -11,11 +11,9 @@ failed cycles and adds a small UCB-style bonus for rarely visited nodes, so untr
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 from ksearch_graph.config import PolicyName
 from ksearch_graph.search.world_model import Node, WorldModel
-
 
 # The reference's refill rule: a frontier whose best action's V is not above this is weak, and the planner is asked
 # for new actions before the next cycle starts (nodes/select_plans.py).

@@ -34,13 +34,13 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.runtime import Runtime
 
 from ksearch_graph.search.context import SearchContext, search_context
-from ksearch_graph.search.state import CycleState, SearchState
 from ksearch_graph.search.policy import select_actions
+from ksearch_graph.search.state import CycleState, SearchState
 from ksearch_graph.search.world_model import WorldModel
 
 STATE_KEYS = ("world_model", "best", "iterations_done", "merged_cycles", "cycle_seq")
 
-_rounds: dict[tuple[str, str], "RollingRound"] = {}
+_rounds: dict[tuple[str, str], RollingRound] = {}
 _rounds_lock = threading.Lock()
 
 

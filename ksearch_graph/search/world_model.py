@@ -17,7 +17,7 @@ The tree is stored in graph state as plain JSON (``WorldModel.model_dump(mode="j
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -81,13 +81,13 @@ class WorldModel(BaseModel):
     # ------------------------------------------------------------------ construction and views
 
     @classmethod
-    def new(cls, task_title: str) -> "WorldModel":
+    def new(cls, task_title: str) -> WorldModel:
         root = Node(id=ROOT, parent=None, kind="root", action=None)
         root.beliefs.notes.append(f"task: {task_title}")
         return cls(nodes={ROOT: root})
 
     @classmethod
-    def from_state(cls, data: dict) -> "WorldModel":
+    def from_state(cls, data: dict) -> WorldModel:
         return cls.model_validate(data)
 
     def to_state(self) -> dict:
@@ -198,7 +198,7 @@ class SplitOp(BaseModel):
     into: list[Action] = Field(min_length=2, max_length=3)
 
 
-EditOp = Annotated[Union[InsertOp, UpdateOp, PruneOp, SplitOp], Field(discriminator="op")]
+EditOp = Annotated[InsertOp | UpdateOp | PruneOp | SplitOp, Field(discriminator="op")]
 
 
 class EditScript(BaseModel):

@@ -20,7 +20,7 @@ import ast
 import json
 import struct
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
@@ -54,7 +54,7 @@ class Axis(BaseModel):
     description: str | None = None
 
     @model_validator(mode="after")
-    def _const_has_value(self) -> "Axis":
+    def _const_has_value(self) -> Axis:
         if self.type == "const" and self.value is None:
             raise ValueError("a const axis needs a value")
         return self
@@ -83,7 +83,7 @@ class Definition(BaseModel):
         return [] if v is None else v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Definition":
+    def _consistent(self) -> Definition:
         try:
             tree = ast.parse(self.reference)
         except SyntaxError as e:
@@ -129,7 +129,7 @@ class SafetensorsInput(BaseModel):
     tensor_key: NonEmpty
 
 
-InputSpec = Annotated[Union[RandomInput, ScalarInput, SafetensorsInput], Field(discriminator="type")]
+InputSpec = Annotated[RandomInput | ScalarInput | SafetensorsInput, Field(discriminator="type")]
 
 
 class Workload(BaseModel):

@@ -20,8 +20,9 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ksearch_graph.tasks.evaluation import EvalResult
 from ksearch_graph.tasks.gpu_specs import COMPUTE_KINDS, GpuSpec, gpu_spec

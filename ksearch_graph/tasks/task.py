@@ -74,7 +74,7 @@ class CheckSpec(BaseModel):
     function: str
 
     @model_validator(mode="after")
-    def _valid(self) -> "CheckSpec":
+    def _valid(self) -> CheckSpec:
         parse_check(self.model_dump(), "task.json")
         return self
 
@@ -91,7 +91,7 @@ class Requirements(BaseModel):
     why: str | None = None
 
     @model_validator(mode="after")
-    def _valid(self) -> "Requirements":
+    def _valid(self) -> Requirements:
         parse_requires(self.model_dump(exclude_none=True, mode="json"), "task.json")
         return self
 

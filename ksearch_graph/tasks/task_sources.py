@@ -5,8 +5,9 @@ each kind, the candidate that is the problem's own reference (tools/task_coverag
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 from ksearch_graph.tasks.flashinfer_trace import is_dataset_root, is_definition_file
 from ksearch_graph.tasks.task import TaskError

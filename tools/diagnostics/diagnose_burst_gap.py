@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from ksearch_graph.harness import _torch, gpu, guards, policy, tasks, tensors, timer, timing
+    from ksearch_graph.harness import _torch, tasks, tensors, timer
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("task", nargs="?", default=str(ROOT / "examples" / "trimul"))

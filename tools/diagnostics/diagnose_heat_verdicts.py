@@ -30,7 +30,7 @@ def slowdown(trace) -> float:
 
 
 def main() -> None:
-    from ksearch_graph.harness import _torch, gpu, guards, policy, tasks, tensors, timer, timing
+    from ksearch_graph.harness import _torch, policy, timer
 
     _torch.load_torch()
     import torch

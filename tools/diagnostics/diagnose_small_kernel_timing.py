@@ -84,8 +84,9 @@ def idle_study(timer, torch) -> None:
 
         def launched(*args):
             t0 = time.perf_counter()
-            out = fn(*args)
-            launch.append((time.perf_counter() - t0) * 1e6)
+            out = fn(*args)  # noqa: B023 (the wrapper is used within its pass)
+            launch.append(  # noqa: B023
+                (time.perf_counter() - t0) * 1e6)
             return out
 
         for idle_ms in (0, 10, 50):
@@ -199,7 +200,7 @@ def burst_study(timer, calls: int = 60) -> None:
         if label.startswith("collector on"):
             timer.gc_disable = lambda: None
         try:
-            done = timing.timed_burst(timer, calls, lambda k: (fn, make(k)))
+            done = timing.timed_burst(timer, calls, lambda k: (fn, make(k)))  # noqa: B023 (used within its pass)
         finally:
             timer.gc_disable = gc.disable
         us = [d[1] for d in done]
@@ -222,7 +223,7 @@ def _cover(timer, hold_s: float):
 
 
 if __name__ == "__main__":
-    from ksearch_graph.harness import _torch, gpu, guards, policy, tasks, tensors, timer, timing
+    from ksearch_graph.harness import _torch, tasks, timer, timing
 
     _torch.load_torch()
     timer = timer.Timer("cuda")

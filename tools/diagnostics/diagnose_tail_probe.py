@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def one_process() -> None:
-    from ksearch_graph.harness import _torch, gpu, guards, policy, tasks, tensors, timer, timing
+    from ksearch_graph.harness import _torch, timer, timing
 
     torch = _torch.load_torch()
     timer = timer.Timer("cuda")

@@ -13,8 +13,8 @@ import sys
 import time
 
 from ksearch_graph.harness.candidate import audit, integrity
-from ksearch_graph.harness.wire import Error
 from ksearch_graph.harness.reporting import clip
+from ksearch_graph.harness.wire import Error
 
 # The whole harness (its three processes' sub-packages and what they share), not only this sub-package: a
 # candidate that changes the wire or the timer is changing the harness as much as one that changes this module.

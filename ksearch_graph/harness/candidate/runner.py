@@ -29,21 +29,43 @@ if __name__ == "__main__" and not __package__:  # started by path: import the pa
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     __package__ = "ksearch_graph.harness.candidate"  # noqa: A001
 
-from ksearch_graph.harness.candidate import forgery  # noqa: E402
 from ksearch_graph.harness._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
+from ksearch_graph.harness.candidate import forgery  # noqa: E402
 from ksearch_graph.harness.guards import InterpreterHooks, LibraryPatches  # noqa: E402
-from ksearch_graph.harness.job import REFERENCE_IN_RUNNER  # noqa: E402
 from ksearch_graph.harness.isolation import die_with_parent, isolate_network  # noqa: E402
+from ksearch_graph.harness.job import REFERENCE_IN_RUNNER  # noqa: E402
 from ksearch_graph.harness.lending import put_output, rebuild  # noqa: E402
+from ksearch_graph.harness.modules import load_module  # noqa: E402
 from ksearch_graph.harness.reporting import Failure, Reported, clip, describe, progress  # noqa: E402
 from ksearch_graph.harness.shared_memory import Region  # noqa: E402
 from ksearch_graph.harness.tasks import prepare  # noqa: E402
-from ksearch_graph.harness.modules import load_module  # noqa: E402
 from ksearch_graph.harness.timer import Timer  # noqa: E402
 from ksearch_graph.harness.timing import timed_burst  # noqa: E402
-from ksearch_graph.harness.wire import (Burst, Calibrate, Call, Channel, Done, Error, Exit, Import, Imported, Lend, Load, Loaded,  # noqa: E402
-                   Output, Ping, Pong, Prepared, Ready, Taken, Timed, Warm, Warmed, Go)
-from ksearch_graph.harness.wire import FLAG_FIELDS  # noqa: E402
+from ksearch_graph.harness.wire import (  # noqa: E402
+    FLAG_FIELDS,  # noqa: E402
+    Burst,
+    Calibrate,
+    Call,
+    Channel,
+    Done,
+    Error,
+    Exit,
+    Go,
+    Import,
+    Imported,
+    Lend,
+    Load,
+    Loaded,
+    Output,
+    Ping,
+    Pong,
+    Prepared,
+    Ready,
+    Taken,
+    Timed,
+    Warm,
+    Warmed,
+)
 
 
 def build_torch_extension(root: str, cache: str, entry_point: str):

@@ -12,9 +12,9 @@ import os
 import time
 
 from ksearch_graph.harness._torch import load_torch
+from ksearch_graph.harness.judge.runner_process import RunnerProcess
 from ksearch_graph.harness.lending import lend, rebuild, take_output
 from ksearch_graph.harness.reporting import Failure
-from ksearch_graph.harness.judge.runner_process import RunnerProcess
 from ksearch_graph.harness.shared_memory import ALIGN, Region, aligned
 from ksearch_graph.harness.tensors import leaves
 from ksearch_graph.harness.wire import Burst, Calibrate, Call, Done, Go, Lend, Output, Ready, Taken, Timed, Warm, Warmed
@@ -68,7 +68,7 @@ class CandidateCalls:
         try:
             tree, spec, regions = lend(inputs)
         except ValueError as e:
-            raise Failure("runtime_error", f"the task's inputs cannot be lent to the candidate (a task bug): {e}")
+            raise Failure("runtime_error", f"the task's inputs cannot be lent to the candidate (a task bug): {e}") from None
         return tree, spec, regions, tuple(r.fd for r in regions)
 
     # -- correctness and warm-up calls ------------------------------------------------------------------------------

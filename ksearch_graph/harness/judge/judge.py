@@ -53,35 +53,49 @@ if __name__ == "__main__" and not __package__:  # started by path: import the pa
     __package__ = "ksearch_graph.harness.judge"  # noqa: A001
 
 from ksearch_graph.harness import compile_cache  # noqa: E402
-
-from ksearch_graph.harness.judge import time_bound
 from ksearch_graph.harness._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
-from ksearch_graph.harness.judge.candidate_calls import CandidateCalls, TimedCall, reference_files  # noqa: E402
-from ksearch_graph.harness.judge.compare import compare, same  # noqa: E402
 from ksearch_graph.harness.gpu import gpu_healthy  # noqa: E402
 from ksearch_graph.harness.guards import InterpreterHooks  # noqa: E402
-from ksearch_graph.harness.judge.input_sizes import InputsTooLarge, check_input_sizes, gib  # noqa: E402
 from ksearch_graph.harness.isolation import die_with_parent, harden, isolate_judge_network  # noqa: E402
+from ksearch_graph.harness.job import (  # noqa: E402
+    AHEAD,
+    JUDGE_CRASH,
+    LOADING_TASK,
+    RECEIVED,
+    RESULT_KEY_ENV,
+    STARTING_RUNNER,
+    TASK_REFERENCE,
+    WAITING,
+    JudgeOptions,
+)
+from ksearch_graph.harness.judge import time_bound
+from ksearch_graph.harness.judge.candidate_calls import CandidateCalls, TimedCall, reference_files  # noqa: E402
+from ksearch_graph.harness.judge.compare import compare, same  # noqa: E402
+from ksearch_graph.harness.judge.input_sizes import InputsTooLarge, check_input_sizes, gib  # noqa: E402
 from ksearch_graph.harness.judge.memory_watch import MemoryWatch  # noqa: E402
-from ksearch_graph.harness.policy import POLICY  # noqa: E402
 from ksearch_graph.harness.judge.reply_checks import check_burst_timings, check_flags  # noqa: E402
-from ksearch_graph.harness.reporting import Failure, TimingTrace, clip, describe, progress  # noqa: E402
-from ksearch_graph.harness.requirements import unmet_requirement  # noqa: E402
 from ksearch_graph.harness.judge.results import new_result, summarise, write_signed  # noqa: E402
 from ksearch_graph.harness.judge.runner_process import RunnerProcess  # noqa: E402
-from ksearch_graph.harness.job import (AHEAD, JUDGE_CRASH, LOADING_TASK, RECEIVED, RESULT_KEY_ENV, STARTING_RUNNER,  # noqa: E402
-                                       TASK_REFERENCE, WAITING, JudgeOptions)
 from ksearch_graph.harness.judge.session import SEED_ENV, TRACE_ENV, JobWatch, Session, read_job, timing_lock  # noqa: E402
+from ksearch_graph.harness.modules import load_module  # noqa: E402
+from ksearch_graph.harness.policy import POLICY  # noqa: E402
+from ksearch_graph.harness.reporting import Failure, TimingTrace, clip, describe, progress  # noqa: E402
+from ksearch_graph.harness.requirements import unmet_requirement  # noqa: E402
 from ksearch_graph.harness.task_checks import run_check  # noqa: E402
 from ksearch_graph.harness.tasks import candidate_form, derive_seed, prepare, read_task, timings_key  # noqa: E402
-from ksearch_graph.harness.modules import load_module  # noqa: E402
 from ksearch_graph.harness.tensors import as_tensors, clone, nbytes  # noqa: E402
 from ksearch_graph.harness.timer import Timer  # noqa: E402
-from ksearch_graph.harness.timing import (Bursts, SideStreamRule, burst_memory_bytes, burst_size, honest_times,  # noqa: E402
-                     precise_enough, timed_burst)
+from ksearch_graph.harness.timing import (  # noqa: E402
+    Bursts,
+    SideStreamRule,
+    burst_memory_bytes,
+    burst_size,
+    honest_times,
+    precise_enough,
+    timed_burst,
+)
 from ksearch_graph.harness.wire import Import, Imported, Load, Loaded, Prepared  # noqa: E402
 from ksearch_graph.harness.writable import without_writable, writable_paths  # noqa: E402
-
 
 
 class Judge:

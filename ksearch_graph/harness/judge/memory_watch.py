@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 
 def rss_bytes(pid: int | str = "self") -> int:
@@ -36,7 +36,7 @@ class MemoryWatch:
                 self.stopped.set()
                 self.on_exceed(rss)
 
-    def __enter__(self) -> "MemoryWatch":
+    def __enter__(self) -> MemoryWatch:
         self.thread.start()
         return self
 

@@ -43,7 +43,7 @@ def check_burst_timings(timed: list[list[float]], untimed: float | None, where: 
                       f"calls) took {untimed:.1f} us, the fastest timed call on fresh inputs "
                       f"{fastest:.1f} us: "
                       "the candidate does less work when it sees inputs again (cached results?)")
-    for us, tail, probe, host_us in timed:
+    for us, _tail, _probe, host_us in timed:
         if us < 0 or us > host_us * 1.05 + 50:
             raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) is negative or exceeds the "
                           f"host time around the call ({host_us:.0f} us): the timer was tampered with")

@@ -13,8 +13,8 @@ import time
 
 from ksearch_graph.harness.job import RUNNER_DIED
 from ksearch_graph.harness.judge.cgroup import CpuAccount, CpuGroup, ProcessTree
-from ksearch_graph.harness.reporting import PROGRESS, Failure
 from ksearch_graph.harness.judge.sandbox import CACHE, Sandbox
+from ksearch_graph.harness.reporting import PROGRESS, Failure
 from ksearch_graph.harness.wire import Channel, Error, Exit, Malformed, pair, parse
 
 HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import json
 import math
 import os
 import resource
@@ -23,14 +22,13 @@ import weakref
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from ksearch_graph.tasks.evaluation import EvalResult, Status
-from ksearch_graph.tasks.task import Task
 from ksearch_graph.harness import compile_cache
 from ksearch_graph.harness.job import AHEAD, RECEIVED, RESULT_KEY_ENV, WAITING, Job, JudgeOptions, progress_line
+from ksearch_graph.harness.judge.sandbox import unavailable_reason
 from ksearch_graph.harness.parent.failures import CANNOT_START, JUDGE_LOST, UNREADABLE
 from ksearch_graph.harness.reporting import PROGRESS
-from ksearch_graph.harness.judge.sandbox import unavailable_reason
-
+from ksearch_graph.tasks.evaluation import EvalResult, Status
+from ksearch_graph.tasks.task import Task
 
 _CHILD = Path(__file__).resolve().parents[1] / "judge" / "judge.py"
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
@@ -178,7 +176,7 @@ class SubprocessEvaluator:
             started.discard()
             started = None
         try:
-            for attempt in range(2):
+            for _attempt in range(2):
                 fresh = started is None
                 try:
                     started = started or self._start()

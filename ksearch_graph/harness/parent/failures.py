@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import re
 
+from ksearch_graph.harness.job import (  # noqa: F401
+    BEFORE_CANDIDATE_CODE,
+    JUDGE_CRASH,
+    REFERENCE_IN_RUNNER,
+    RUNNER_DIED,
+    TASK_REFERENCE,
+)
 from ksearch_graph.tasks.evaluation import EvalResult, Status
-
-from ksearch_graph.harness.job import (BEFORE_CANDIDATE_CODE, JUDGE_CRASH, REFERENCE_IN_RUNNER,  # noqa: F401
-                                       RUNNER_DIED, TASK_REFERENCE)
 
 # What client.py writes when it could not get a result from the judge (the judge's own words are job.py's):
 JUDGE_LOST = "the evaluation process was "  # the judge died, or exited, without writing a result

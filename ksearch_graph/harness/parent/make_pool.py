@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ksearch_graph.config import SearchConfig
-from ksearch_graph.tasks.evaluation import Evaluator
 from ksearch_graph.harness.parent.client import SubprocessEvaluator, gpu_driver_present
 from ksearch_graph.harness.parent.pool import PoolError
+from ksearch_graph.tasks.evaluation import Evaluator
 from ksearch_graph.tasks.task import Task
 
 

@@ -21,12 +21,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from ksearch_graph.tasks.evaluation import EvalResult, Evaluator, Status
 from ksearch_graph.harness.parent.client import gpu_driver_present
 from ksearch_graph.harness.parent.failures import infrastructure_error
+from ksearch_graph.tasks.evaluation import EvalResult, Evaluator, Status
 from ksearch_graph.tasks.task import Task
 
 HEALTH_CHECK = ("import torch; x = torch.ones(1 << 20, device='cuda'); torch.cuda.synchronize(); "

@@ -29,11 +29,11 @@ import threading
 import time
 from pathlib import Path
 
-from ksearch_graph.tasks.evaluation import EvalResult
-from ksearch_graph.tasks.task import Task
 from ksearch_graph.harness.parent import ray_shipping
 from ksearch_graph.harness.parent.failures import infrastructure_error
 from ksearch_graph.harness.parent.pool import Interval, PoolError, busy_share
+from ksearch_graph.tasks.evaluation import EvalResult
+from ksearch_graph.tasks.task import Task
 
 RETRIES = 1  # a dead worker's evaluation runs once more elsewhere
 CLEANUP_TIMEOUT_S = 60
@@ -58,7 +58,7 @@ class RayPool:
 
     @classmethod
     def connect(cls, address: str | None, *, settings: dict, gpu_model: str | None = None,
-                cpu_slots: int | None = None, gpus: int | None = None) -> "RayPool":
+                cpu_slots: int | None = None, gpus: int | None = None) -> RayPool:
         """Join the Ray cluster at ``address`` ("auto", "ray://HOST:PORT", or a GCS "HOST:PORT"); None starts a local
         Ray (unless this process already joined one). ``gpus`` and ``cpu_slots`` cap the evaluations at once."""
         try:

@@ -18,12 +18,12 @@ import time
 
 from langgraph.runtime import Runtime
 
-from ksearch_graph.search.roles.protocol import CodeRequest
+from ksearch_graph.rundir.store import attempt_summary
 from ksearch_graph.search.context import SearchContext, search_context
 from ksearch_graph.search.events import CodegenEvent
-from ksearch_graph.search.state import CycleState
-from ksearch_graph.rundir.store import attempt_summary
 from ksearch_graph.search.nodes._common import emit, side_by_side
+from ksearch_graph.search.roles.protocol import CodeRequest
+from ksearch_graph.search.state import CycleState
 
 
 def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict:

@@ -6,19 +6,27 @@ Used by the update node (rounds of cycles) and by rolling lanes (``rolling.py``)
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from langgraph.runtime import Runtime
 
-from ksearch_graph.search.roles.protocol import Evidence, PlannerOutputError, Usage
+from ksearch_graph.rundir.store import attempt_summary
 from ksearch_graph.search.budget import BudgetSpent
 from ksearch_graph.search.context import SearchContext
-from ksearch_graph.tasks.evaluation import EvalResult
 from ksearch_graph.search.events import CycleOrphanedEvent, EditRejectedEvent, NewBestEvent, WorldModelEvent
-from ksearch_graph.rundir.store import attempt_summary
-from ksearch_graph.search.world_model import (Attachment, EditRejected, EditScript, WorldModel, apply_edits, close_node,
-                           ensure_continuation, record_visit)
 from ksearch_graph.search.nodes._common import emit
+from ksearch_graph.search.roles.protocol import Evidence, PlannerOutputError, Usage
+from ksearch_graph.search.world_model import (
+    Attachment,
+    EditRejected,
+    EditScript,
+    WorldModel,
+    apply_edits,
+    close_node,
+    ensure_continuation,
+    record_visit,
+)
+from ksearch_graph.tasks.evaluation import EvalResult
 
 
 def edit_with_retries(

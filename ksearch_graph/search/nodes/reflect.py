@@ -12,11 +12,11 @@ from langgraph.graph import END
 from langgraph.runtime import Runtime
 
 from ksearch_graph.search.context import SearchContext, search_context
-from ksearch_graph.tasks.evaluation import EvalResult
 from ksearch_graph.search.events import CycleFinishedEvent
+from ksearch_graph.search.nodes._common import emit
 from ksearch_graph.search.roles.prompt_parts import performance_table
 from ksearch_graph.search.state import CycleState
-from ksearch_graph.search.nodes._common import emit
+from ksearch_graph.tasks.evaluation import EvalResult
 
 
 def _feedback(ctx: SearchContext, last: dict, best: dict | None) -> str:

@@ -16,14 +16,14 @@ from pydantic import BaseModel, ValidationError
 
 from ksearch_graph.search.budget import BudgetSpent
 from ksearch_graph.search.context import SearchContext, search_context
-from ksearch_graph.tasks.evaluation import EvalResult
 from ksearch_graph.search.events import CycleStartedEvent, EditRejectedEvent, StoppingEvent, WorldModelEvent
-from ksearch_graph.search.policy import select_actions, weak_frontier
-from ksearch_graph.search.state import SearchState
-from ksearch_graph.search.world_model import Action, WorldModel, apply_edits
 from ksearch_graph.search.nodes._common import emit
 from ksearch_graph.search.nodes.cycles import fresh_cycle_state, new_cycle
 from ksearch_graph.search.nodes.merge import edit_with_retries
+from ksearch_graph.search.policy import select_actions, weak_frontier
+from ksearch_graph.search.state import SearchState
+from ksearch_graph.search.world_model import Action, WorldModel, apply_edits
+from ksearch_graph.tasks.evaluation import EvalResult
 
 
 def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:

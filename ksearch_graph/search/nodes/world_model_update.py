@@ -12,11 +12,19 @@ from langgraph.runtime import Runtime
 from ksearch_graph.search.budget import BudgetSpent
 from ksearch_graph.search.context import SearchContext, search_context
 from ksearch_graph.search.events import PlannerFailedEvent, WorldModelEvent
-from ksearch_graph.search.state import CLEAR, SearchState
-from ksearch_graph.search.world_model import MAX_INIT_NODES, ROOT, Attachment, EditRejected, EditScript, WorldModel, apply_edits
 from ksearch_graph.search.nodes._common import emit
 from ksearch_graph.search.nodes.compile_and_bench import evaluate_once
 from ksearch_graph.search.nodes.merge import best_entry, edit_with_retries, merge_cycle
+from ksearch_graph.search.state import CLEAR, SearchState
+from ksearch_graph.search.world_model import (
+    MAX_INIT_NODES,
+    ROOT,
+    Attachment,
+    EditRejected,
+    EditScript,
+    WorldModel,
+    apply_edits,
+)
 
 
 class PlannerFailed(RuntimeError):

@@ -19,26 +19,40 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from string import Template
-from typing import Callable
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import Field
 
-from ksearch_graph.search.roles.protocol import CodeAnswer, CodeRequest, Evidence, PlannerOutputError, Usage
 from ksearch_graph.config import SearchConfig
-from ksearch_graph.tasks.evaluation import EvalResult
-from ksearch_graph.llm.client import (CodeExtractionError, LLMClient, LLMConfigError, LLMSettings, StructuredOutputError, TokenLedger,
-                  extract_code, make_chat_model)
+from ksearch_graph.llm.client import (
+    CodeExtractionError,
+    LLMClient,
+    LLMConfigError,
+    LLMSettings,
+    StructuredOutputError,
+    TokenLedger,
+    extract_code,
+    make_chat_model,
+)
 from ksearch_graph.search.policy import WEAK_VALUE, weak_frontier
-from ksearch_graph.search.roles.prompt_parts import compact_spec, headline, history_section, performance_table, task_block
+from ksearch_graph.search.roles.prompt_parts import (
+    compact_spec,
+    headline,
+    history_section,
+    performance_table,
+    task_block,
+)
+from ksearch_graph.search.roles.protocol import CodeAnswer, CodeRequest, Evidence, PlannerOutputError, Usage
+from ksearch_graph.search.world_model import MAX_INIT_NODES, EditScript, InsertOp, WorldModel, render
+from ksearch_graph.tasks.evaluation import EvalResult
 from ksearch_graph.tasks.speed_of_light import SpeedOfLight
 from ksearch_graph.tasks.task import Task
-from ksearch_graph.search.world_model import MAX_INIT_NODES, EditScript, InsertOp, WorldModel, render
 
 _LOG_CHARS = 3000  # of a failure log in the planner's too-hard prompt
 

@@ -22,9 +22,18 @@ import json
 import random
 
 from ksearch_graph.search.roles.protocol import CodeAnswer, CodeRequest, Evidence, Usage
-from ksearch_graph.tasks.task import Task
 from ksearch_graph.search.roles.template import default_params, render_template
-from ksearch_graph.search.world_model import ROOT, Action, EditScript, InsertOp, PruneOp, Reflection, UpdateOp, WorldModel
+from ksearch_graph.search.world_model import (
+    ROOT,
+    Action,
+    EditScript,
+    InsertOp,
+    PruneOp,
+    Reflection,
+    UpdateOp,
+    WorldModel,
+)
+from ksearch_graph.tasks.task import Task
 
 HEADER = "# ksearch-offline template params: "
 MOVE = "# ksearch-offline move: "  # the one-knob move that made this file, e.g. ["BLOCK_N", 1]
