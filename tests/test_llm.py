@@ -12,16 +12,14 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from pydantic import BaseModel, Field
 
+from ksearch_graph.llm.answers import CodeExtractionError, extract_code, extract_json
 from ksearch_graph.llm.client import (
-    CodeExtractionError,
     EndpointUnavailable,
     LLMClient,
     LLMConfigError,
     LLMSettings,
     StructuredOutputError,
     TokenLedger,
-    extract_code,
-    extract_json,
     make_chat_model,
 )
 

@@ -18,7 +18,8 @@ from ksearch_graph.llm.client import LLMConfigError, LLMSettings
 from ksearch_graph.llm.local import LocalModel, LocalServer, LocalServerError, ModelIntegrityError, ensure_model
 from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner, PromptBudget, estimate_tokens, fit_prompt
 from ksearch_graph.search.roles.protocol import CodeRequest, Evidence
-from ksearch_graph.search.world_model import WorldModel, apply_edits, parse_edit_script
+from ksearch_graph.search.world_model import WorldModel
+from ksearch_graph.search.world_model_edits import apply_edits, parse_edit_script
 
 pytestmark = pytest.mark.slow  # downloads or runs the local model, or starts llama.cpp's server
 
@@ -108,7 +109,7 @@ def _settings(context: int, max_tokens: int = 256) -> LLMSettings:
 def _capture(monkeypatch) -> list:
     """Record the prompts the planner/coder send; answer with an empty edit script or a code block."""
     from ksearch_graph.llm import client as llm
-    from ksearch_graph.search.world_model import EditScript
+    from ksearch_graph.search.world_model_edits import EditScript
 
     prompts: list = []
 
@@ -175,7 +176,8 @@ def test_coder_prompt_fits_and_carries_the_seed_as_an_example(monkeypatch, softm
 
 def test_small_model_schema_caps_strings_and_enumerates_bounded_numbers():
     from ksearch_graph.llm.client import small_model_schema
-    from ksearch_graph.search.world_model import Action, EditScript
+    from ksearch_graph.search.world_model import Action
+    from ksearch_graph.search.world_model_edits import EditScript
 
     schema = EditScript.model_json_schema()
     small = small_model_schema(schema)

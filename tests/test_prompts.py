@@ -17,14 +17,8 @@ from ksearch_graph.llm import client as llm
 from ksearch_graph.search.roles.llm_roles import LLMCoder, LLMPlanner
 from ksearch_graph.search.roles.prompt_parts import compact_spec, performance_table
 from ksearch_graph.search.roles.protocol import CodeRequest, Evidence
-from ksearch_graph.search.world_model import (
-    Attachment,
-    EditScript,
-    WorldModel,
-    apply_edits,
-    close_node,
-    parse_edit_script,
-)
+from ksearch_graph.search.world_model import Attachment, WorldModel, close_node
+from ksearch_graph.search.world_model_edits import EditScript, apply_edits, parse_edit_script
 from ksearch_graph.tasks.evaluation import EvalResult, Status, WorkloadResult
 from ksearch_graph.tasks.speed_of_light import SpeedOfLight, task_work
 from ksearch_graph.tasks.task import load_task

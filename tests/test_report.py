@@ -19,7 +19,8 @@ import pytest
 from conftest import SOFTMAX, run_cli
 
 from ksearch_graph.reports.export import export_best
-from ksearch_graph.reports.html import PLOT_FILE, load_facts, plot_figure, write_report
+from ksearch_graph.reports.html import PLOT_FILE, load_facts, plot_figure
+from ksearch_graph.reports.report import write_report
 from ksearch_graph.reports.run_view import summary
 from ksearch_graph.rundir.run_dir import RunDir
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ksearch_graph.harness import _torch, reporting, timing
-from ksearch_graph.harness.judge import candidate_calls, judge
+from ksearch_graph.harness.judge import candidate_calls
+from ksearch_graph.harness.judge import evaluate as judge
 from ksearch_graph.harness.policy import POLICY
 from ksearch_graph.harness.timer import Timer
 

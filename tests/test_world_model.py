@@ -22,17 +22,19 @@ from ksearch_graph.search.world_model import (
     Action,
     Attachment,
     Beliefs,
-    EditRejected,
-    EditScript,
     Node,
     WorldModel,
-    apply_edits,
-    check_invariants,
     close_node,
     ensure_continuation,
-    parse_edit_script,
     record_visit,
     render,
+)
+from ksearch_graph.search.world_model_edits import (
+    EditRejected,
+    EditScript,
+    apply_edits,
+    check_invariants,
+    parse_edit_script,
 )
 
 # ----------------------------------------------------------------------------- helpers

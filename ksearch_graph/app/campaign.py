@@ -207,7 +207,7 @@ class Campaign:
 
     def write_report(self) -> Path:
         """campaign.md: best per task, speed-up, tokens, cost, and each run's own report (written here too)."""
-        from ksearch_graph.reports.html import write_report
+        from ksearch_graph.reports.report import write_report
 
         rows = self.rows()
         lines = ["# Campaign report", "", "| task | status | iterations | best attempt | speed-up vs reference | "

@@ -20,7 +20,8 @@ from ksearch_graph.rundir.run_dir import RunDir, RunDirError, copy_sqlite
 from ksearch_graph.rundir.store import attempt_summary
 from ksearch_graph.search.context import SearchContext
 from ksearch_graph.search.graph import build_search_graph
-from ksearch_graph.search.world_model import WorldModel, check_invariants
+from ksearch_graph.search.world_model import ROOT, WorldModel
+from ksearch_graph.search.world_model_edits import check_invariants
 
 EventSink = Callable[[dict], None]
 
@@ -253,3 +254,79 @@ def _load_edited_world_model(path: str | Path, current: dict) -> dict:
     return edited.to_state()
 
 
+def record_preflight(run: RunDir, checked) -> None:
+    """The preflight's findings into the run's record; its measurement of the seed is the run's (init_world_model
+    finds it recorded and does not measure the seed again)."""
+    store = run.store()
+    try:
+        store.log_event("preflight", slots=checked.slots, evaluated=checked.evaluated, seconds=checked.seconds)
+        if checked.seed is not None and store.get_attempt("seed") is None:
+            source = store.put_source(checked.files)
+            row = store.record_attempt(attempt_id="seed", cycle_id="seed", node_id=ROOT, prompt_kind="seed",
+                                       base_attempt_id=None, parent_attempt_id=None, source_hash=source,
+                                       result=checked.seed, eval_s=checked.seed.wall_s)
+            store.log_event("attempt", attempt_id="seed", cycle_id="seed", node_id=ROOT, iteration=0,
+                            prompt_kind="seed", status=row["status"], score=row["score"],
+                            latency_us=row["latency_us"], log="", best_score=row["score"], tokens=0)
+    finally:
+        store.close()
+
+
+def iterations_done(run: RunDir) -> int:
+    store = run.store()
+    try:
+        return store.count_attempts()
+    finally:
+        store.close()
+
+
+def seed_measured(run: RunDir) -> bool:
+    """Whether the run has measured its task's seed (or has none to measure)."""
+    if run.task().seed_source is None:
+        return True
+    store = run.store()
+    try:
+        return store.get_attempt("seed") is not None
+    finally:
+        store.close()
+
+
+def mark_finished(run: RunDir) -> None:
+    """The checkpoint says finished; the store's status may not, where a run stopped (a full disk) between
+    finalize's status write and its end: the status follows the checkpoint."""
+    store = run.store()
+    try:
+        if store.get_meta("status") != "finished":
+            store.set_meta("status", "finished")
+    finally:
+        store.close()
+
+
+def move_endpoint(run: RunDir, base_url: str | None, model: str | None) -> bool:
+    """--base-url / --model on resume: the endpoint moved, or the model name was wrong."""
+    if not (base_url or model):
+        return False
+    for settings in (run.config.planner_llm, run.config.coder_llm):
+        if settings is None:
+            raise RunDirError(f"{run.path} is an offline run; --base-url/--model apply to LLM runs only")
+        settings.base_url = base_url or settings.base_url
+        settings.model = model or settings.model
+        settings.local_model = None  # a run moved to an endpoint no longer serves its own model
+    return True
+
+
+def iteration_target(run: RunDir, total: int | None, more: int | None) -> int | None:
+    """The new iteration budget from --iterations TOTAL or --more N; a total below what is done is an error."""
+    if total is None and more is None:
+        return None
+    store = run.store()
+    try:
+        done = store.count_attempts()
+    finally:
+        store.close()
+    if more is not None:
+        return done + more
+    if total < done:
+        raise RunDirError(f"{run.path} has {done} iterations done; --iterations is the total budget, so at least "
+                          f"{done}. For N more iterations: --more N")
+    return total

@@ -212,7 +212,7 @@ def _cached(tokens: dict) -> str:
 
 
 def cmd_report(args) -> int:
-    from ksearch_graph.reports.html import write_report
+    from ksearch_graph.reports.report import write_report
 
     paths = write_report(args.run_dir, args.out)
     print(f"report: {paths['html']}\n        {paths['markdown']}")

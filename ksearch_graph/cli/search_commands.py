@@ -15,6 +15,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from ksearch_graph.app.runs import (
+    iteration_target,
+    iterations_done,
+    mark_finished,
+    move_endpoint,
+    record_preflight,
+    seed_measured,
+)
 from ksearch_graph.config import Budget, SearchConfig
 from ksearch_graph.rundir.run_dir import RunDir, RunDirError
 from ksearch_graph.tasks.task import TaskError, load_task
@@ -69,26 +77,6 @@ def _preflight(evaluator, task, *, check_task: bool = True, quiet: bool = False)
     if not quiet:
         print(checked.summary(), flush=True)
     return checked
-
-
-def _record_preflight(run: RunDir, checked) -> None:
-    """The preflight's findings into the run's record; its measurement of the seed is the run's (init_world_model
-    finds it recorded and does not measure the seed again)."""
-    from ksearch_graph.search.world_model import ROOT
-
-    store = run.store()
-    try:
-        store.log_event("preflight", slots=checked.slots, evaluated=checked.evaluated, seconds=checked.seconds)
-        if checked.seed is not None and store.get_attempt("seed") is None:
-            source = store.put_source(checked.files)
-            row = store.record_attempt(attempt_id="seed", cycle_id="seed", node_id=ROOT, prompt_kind="seed",
-                                       base_attempt_id=None, parent_attempt_id=None, source_hash=source,
-                                       result=checked.seed, eval_s=checked.seed.wall_s)
-            store.log_event("attempt", attempt_id="seed", cycle_id="seed", node_id=ROOT, iteration=0,
-                            prompt_kind="seed", status=row["status"], score=row["score"],
-                            latency_us=row["latency_us"], log="", best_score=row["score"], tokens=0)
-    finally:
-        store.close()
 
 
 def _config_from_args(args) -> SearchConfig:
@@ -354,7 +342,7 @@ def cmd_run(args) -> int:
         except BaseException:
             getattr(evaluator, "close", lambda: None)()
             raise
-    _record_preflight(run, checked)
+    record_preflight(run, checked)
     getattr(evaluator, "start_ahead", lambda task: None)(run.task())
     print(f"run directory: {run.path}")
     return _drive(run, fresh=True, quiet=args.quiet, evaluator=evaluator)
@@ -370,63 +358,33 @@ def cmd_resume(args) -> int:
     answer = parse_answer(args.answer) if args.answer else None
     if answer is not None and pending_question(run) is None:
         raise RunDirError(f"{run.path} is not waiting for an answer")
-    moved = _move_endpoint(run, args.base_url, args.model)
+    moved = move_endpoint(run, args.base_url, args.model)
     resandboxed = args.sandbox is not None and args.sandbox != run.config.sandbox
     run.config.sandbox = args.sandbox or run.config.sandbox  # saved below, once every check has passed
     _warn_unsandboxed(run.config)
-    target = _iteration_target(run, args.iterations, args.more)
+    target = iteration_target(run, args.iterations, args.more)
     evaluator = checked = None
-    if not is_finished(run) or (target is not None and target > _iterations_done(run)):
+    if not is_finished(run) or (target is not None and target > iterations_done(run)):
         evaluator = _checked_pool(run, args)  # a pool of another GPU model stops here, before anything is written
         try:  # the pool (and a task whose seed is not measured yet) checked before anything is spent
-            checked = _preflight(evaluator, run.task(), check_task=not _seed_measured(run), quiet=args.quiet)
+            checked = _preflight(evaluator, run.task(), check_task=not seed_measured(run), quiet=args.quiet)
         except BaseException:
             getattr(evaluator, "close", lambda: None)()
             raise
     if moved or resandboxed:
         run.save()
     if checked is not None:
-        _record_preflight(run, checked)
+        record_preflight(run, checked)
     if target is not None:
         if extend(run, target):
             print(f"budget raised to {target} iterations; the finished run continues")
     if is_finished(run):
         getattr(evaluator, "close", lambda: None)()
-        _mark_finished(run)
+        mark_finished(run)
         print(f"{run.path}: the run is finished (continue it with --more N, N more iterations)")
         return 0
     return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer, evaluator=evaluator,
                   allow_gpu_change=args.allow_gpu_change)
-
-
-def _iterations_done(run: RunDir) -> int:
-    store = run.store()
-    try:
-        return store.count_attempts()
-    finally:
-        store.close()
-
-
-def _seed_measured(run: RunDir) -> bool:
-    """Whether the run has measured its task's seed (or has none to measure)."""
-    if run.task().seed_source is None:
-        return True
-    store = run.store()
-    try:
-        return store.get_attempt("seed") is not None
-    finally:
-        store.close()
-
-
-def _mark_finished(run: RunDir) -> None:
-    """The checkpoint says finished; the store's status may not, where a run stopped (a full disk) between
-    finalize's status write and its end: the status follows the checkpoint."""
-    store = run.store()
-    try:
-        if store.get_meta("status") != "finished":
-            store.set_meta("status", "finished")
-    finally:
-        store.close()
 
 
 def _checked_pool(run: RunDir, args):
@@ -446,36 +404,6 @@ def _checked_pool(run: RunDir, args):
     finally:
         store.close()
     return evaluator
-
-
-def _move_endpoint(run: RunDir, base_url: str | None, model: str | None) -> bool:
-    """--base-url / --model on resume: the endpoint moved, or the model name was wrong."""
-    if not (base_url or model):
-        return False
-    for settings in (run.config.planner_llm, run.config.coder_llm):
-        if settings is None:
-            raise RunDirError(f"{run.path} is an offline run; --base-url/--model apply to LLM runs only")
-        settings.base_url = base_url or settings.base_url
-        settings.model = model or settings.model
-        settings.local_model = None  # a run moved to an endpoint no longer serves its own model
-    return True
-
-
-def _iteration_target(run: RunDir, total: int | None, more: int | None) -> int | None:
-    """The new iteration budget from --iterations TOTAL or --more N; a total below what is done is an error."""
-    if total is None and more is None:
-        return None
-    store = run.store()
-    try:
-        done = store.count_attempts()
-    finally:
-        store.close()
-    if more is not None:
-        return done + more
-    if total < done:
-        raise RunDirError(f"{run.path} has {done} iterations done; --iterations is the total budget, so at least "
-                          f"{done}. For N more iterations: --more N")
-    return total
 
 
 def cmd_campaign(args) -> int:
@@ -511,7 +439,7 @@ def cmd_campaign(args) -> int:
                 campaign.check_gpu_models(evaluator, allow_gpu_change=args.allow_gpu_change)
             checked = {}
             for i, (name, (run, task)) in enumerate(todo.items()):
-                measure = run is None or not _seed_measured(run)
+                measure = run is None or not seed_measured(run)
                 if i == 0 or measure:  # the pool once, each task whose seed is not measured yet
                     checked[name] = _preflight(evaluator, task, check_task=measure, quiet=args.quiet) if i == 0 \
                         else _preflight_task(evaluator, task, quiet=args.quiet)
@@ -521,7 +449,7 @@ def cmd_campaign(args) -> int:
             getattr(evaluator, "close", lambda: None)()
             raise
     for name, found in checked.items():
-        _record_preflight(RunDir.open(campaign.path / campaign.runs[name]), found)
+        record_preflight(RunDir.open(campaign.path / campaign.runs[name]), found)
     for run, _ in todo.values():  # an existing campaign's searches told to change their sandbox
         if run is not None and run.config.sandbox != run_config.sandbox:
             run.config.sandbox = run_config.sandbox

@@ -98,6 +98,10 @@ class JudgeOptions:
             parser.error("--task is required (or --job-from-stdin)")
         return cls(**vars(args))
 
+    @property
+    def memory_limit_bytes(self) -> int:
+        return int(self.memory_limit_gb * 2**30)
+
     def with_job(self, job: Job) -> JudgeOptions:
         return dataclasses.replace(self, task=job.task, workloads=job.workloads)
 

@@ -1,6 +1,7 @@
-"""The run report: one self-contained HTML page (and a Markdown twin) that shows what a search did.
+"""The run report's facts and its HTML page: one self-contained page that shows what a search did (report.py writes it,
+with the Markdown twin of markdown.py).
 
-``write_report(run_dir)`` reads the run directory (store, checkpoints, settings) and writes
+``report.write_report(run_dir)`` reads the run directory (store, checkpoints, settings) and writes
 ``report.html``, ``report.md`` and ``best_score.png`` into ``run_dir/report`` (or ``out_dir``):
 
 - a header: task, planner, status, iterations against the budget, stop reason, best attempt, tokens and cost per role,
@@ -20,13 +21,11 @@ import html
 import io
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ksearch_graph.reports.run_view import state_at, summary
-from ksearch_graph.rundir.integrity import open_for_reading
 from ksearch_graph.rundir.run_dir import RunDir
 from ksearch_graph.search.world_model import ROOT, Node, WorldModel
 from ksearch_graph.tasks.speed_of_light import fmt_percent, row_fractions, run_work, sol_summary
@@ -481,79 +480,6 @@ def _html_source(facts: RunFacts) -> str:
 # ---------------------------------------------------------------------------------------------- Markdown
 
 
-def _md(text: str) -> str:
-    """A table cell or inline text: escaped like the HTML (Markdown viewers render inline HTML), one line."""
-    return esc(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
-    return (["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-            + ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows] + [""])
-
-
-def render_markdown(facts: RunFacts) -> str:
-    info, best = facts.info, facts.info["best"]
-    lines = [f"# K-Search report: {_md(info['task'])}", ""]
-    lines += [f"- **{k}**: {_md(v)}" for k, v in header_rows(facts)]
-    lines.append(f"- **best attempt**: {_md(best['attempt_id'])} on node {_md(best['node_id'])}: score "
-                 f"{fmt_score(best['score'])}, latency {fmt_latency(best['latency_us'])}" if best
-                 else "- **best attempt**: no attempt passed")
-    lines.append("")
-    if note := timing_note(facts):
-        lines += [f"> **Note:** {note}", ""]
-    lines += ["## Tokens and cost", ""]
-    lines += _md_table(TOKEN_COLUMNS, _token_rows(info["tokens"]))
-    lines += ["## Best score vs iteration", "", f"![best score vs iteration]({PLOT_FILE})", ""]
-    lines += ["## World model (final)", ""]
-    if facts.world_model is not None:
-        lines += _md_tree(facts.world_model)
-    lines += ["## Lineage of the best kernel", ""]
-    lines += _md_table(LINEAGE_COLUMNS, _lineage_rows(facts)) if facts.lineage else ["no best kernel", ""]
-    lines += [f"## All attempts ({attempts_heading(facts)})", ""]
-    lines += _md_table(ATTEMPT_COLUMNS, [attempt_cells(facts, a) for a in facts.attempts])
-    lines += ["## Best kernel source", ""]
-    for name, text in sorted(facts.best_files.items()):
-        fence = "`" * max(3, _longest_backtick_run(text) + 1)  # a fence the source itself cannot close
-        lines += [f"### {_md(name)}", "", f"{fence}python", text.rstrip("\n"), fence, ""]
-    return "\n".join(lines)
-
-
-def _md_tree(wm: WorldModel) -> list[str]:
-    lines: list[str] = []
-
-    def walk(node: Node, depth: int) -> None:
-        indent = "  " * depth
-        lines.append(f"{indent}- **{node.kind}** `{node.id}` {_md(node_title(node))} "
-                     f"[{_md(' · '.join(node_facts(node)))}]")
-        if note := last_note(node):
-            lines.append(f"{indent}  <br>*{_md(note)}*")
-        for child in wm.children(node.id):
-            walk(child, depth + 1)
-
-    walk(wm.nodes[ROOT], 0)
-    return lines + [""]
-
-
-def _longest_backtick_run(text: str) -> int:
-    longest = run = 0
-    for ch in text:
-        run = run + 1 if ch == "`" else 0
-        longest = max(longest, run)
-    return longest
-
-
 # ---------------------------------------------------------------------------------------------- entry point
 
 
-def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
-    """Write report.html, report.md and the plot. Returns their paths under the keys html, markdown, plot."""
-    run = open_for_reading(run_dir)
-    out = Path(out_dir) if out_dir is not None else run.path / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    facts = load_facts(run)
-    png = plot_png(facts)
-    paths = {"html": out / "report.html", "markdown": out / "report.md", "plot": out / PLOT_FILE}
-    paths["plot"].write_bytes(png)
-    paths["html"].write_text(render_html(facts, png), encoding="utf-8")
-    paths["markdown"].write_text(render_markdown(facts), encoding="utf-8")
-    return paths

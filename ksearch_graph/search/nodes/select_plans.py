@@ -22,7 +22,8 @@ from ksearch_graph.search.nodes.cycles import fresh_cycle_state, new_cycle
 from ksearch_graph.search.nodes.merge import edit_with_retries
 from ksearch_graph.search.policy import select_actions, weak_frontier
 from ksearch_graph.search.state import SearchState
-from ksearch_graph.search.world_model import Action, WorldModel, apply_edits
+from ksearch_graph.search.world_model import Action, WorldModel
+from ksearch_graph.search.world_model_edits import apply_edits
 from ksearch_graph.tasks.evaluation import EvalResult
 
 

@@ -1,6 +1,6 @@
 """World-model update: initialisation, the update after each cycle, and the too-hard update.
 
-The planner proposes an edit script; it is applied atomically (``world_model.apply_edits``). A rejected
+The planner proposes an edit script; it is applied atomically (``world_model_edits.apply_edits``). A rejected
 script's errors go back to the planner for a bounded number of retries. Each planner answer is cached
 in the store under a deterministic key, so a node re-run after a crash does not pay for it twice.
 """
@@ -16,15 +16,8 @@ from ksearch_graph.search.nodes._common import emit
 from ksearch_graph.search.nodes.compile_and_bench import evaluate_once
 from ksearch_graph.search.nodes.merge import best_entry, edit_with_retries, merge_cycle
 from ksearch_graph.search.state import CLEAR, SearchState
-from ksearch_graph.search.world_model import (
-    MAX_INIT_NODES,
-    ROOT,
-    Attachment,
-    EditRejected,
-    EditScript,
-    WorldModel,
-    apply_edits,
-)
+from ksearch_graph.search.world_model import MAX_INIT_NODES, ROOT, Attachment, WorldModel
+from ksearch_graph.search.world_model_edits import EditRejected, EditScript, apply_edits
 
 
 class PlannerFailed(RuntimeError):

@@ -30,14 +30,13 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import Field
 
 from ksearch_graph.config import SearchConfig
+from ksearch_graph.llm.answers import CodeExtractionError, extract_code
 from ksearch_graph.llm.client import (
-    CodeExtractionError,
     LLMClient,
     LLMConfigError,
     LLMSettings,
     StructuredOutputError,
     TokenLedger,
-    extract_code,
     make_chat_model,
 )
 from ksearch_graph.search.policy import WEAK_VALUE, weak_frontier
@@ -49,7 +48,8 @@ from ksearch_graph.search.roles.prompt_parts import (
     task_block,
 )
 from ksearch_graph.search.roles.protocol import CodeAnswer, CodeRequest, Evidence, PlannerOutputError, Usage
-from ksearch_graph.search.world_model import MAX_INIT_NODES, EditScript, InsertOp, WorldModel, render
+from ksearch_graph.search.world_model import MAX_INIT_NODES, WorldModel, render
+from ksearch_graph.search.world_model_edits import EditScript, InsertOp
 from ksearch_graph.tasks.evaluation import EvalResult
 from ksearch_graph.tasks.speed_of_light import SpeedOfLight
 from ksearch_graph.tasks.task import Task

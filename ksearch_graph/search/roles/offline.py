@@ -23,16 +23,8 @@ import random
 
 from ksearch_graph.search.roles.protocol import CodeAnswer, CodeRequest, Evidence, Usage
 from ksearch_graph.search.roles.template import default_params, render_template
-from ksearch_graph.search.world_model import (
-    ROOT,
-    Action,
-    EditScript,
-    InsertOp,
-    PruneOp,
-    Reflection,
-    UpdateOp,
-    WorldModel,
-)
+from ksearch_graph.search.world_model import ROOT, Action, WorldModel
+from ksearch_graph.search.world_model_edits import EditScript, InsertOp, PruneOp, Reflection, UpdateOp
 from ksearch_graph.tasks.task import Task
 
 HEADER = "# ksearch-offline template params: "

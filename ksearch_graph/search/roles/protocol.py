@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from ksearch_graph.search.world_model import EditScript, WorldModel
+from ksearch_graph.search.world_model import WorldModel
+from ksearch_graph.search.world_model_edits import EditScript
 from ksearch_graph.tasks.task import Task
 
 if TYPE_CHECKING:
