@@ -23,7 +23,7 @@ from ksearch_graph.rundir.run_dir import RUN_FILE, RunDir, RunDirError, write_at
 from ksearch_graph.rundir.run_lock import RunLock
 from ksearch_graph.rundir.store import RunStore, attempt_summary
 from ksearch_graph.search.graph import build_search_graph
-from ksearch_graph.search.nodes.merge import best_entry
+from ksearch_graph.search.merge import best_entry
 from ksearch_graph.search.world_model import ROOT
 
 _MERGED_BY = re.compile(r"update after (\S+)$")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from ksearch_graph.rundir.run_dir import RunDir, RunDirError
 from ksearch_graph.search.graph import build_search_graph
+from ksearch_graph.search.rolling import merge_points
 from ksearch_graph.search.world_model import WorldModel
 from ksearch_graph.tasks.speed_of_light import row_fractions, run_work
 
@@ -37,8 +38,6 @@ def history(run: RunDir) -> list[dict]:
 def _rolling_merge_rows(run: RunDir) -> list[dict]:
     """Rolling cycles (k > 1) merge inside a round, between main-graph checkpoints: each merge is a branch point too,
     named ``merge:<cycle id>`` (``ksearch branch DIR --at merge:c7``)."""
-    from ksearch_graph.search.rolling import merge_points
-
     store = run.store()
     try:
         points = merge_points(store)

@@ -34,6 +34,8 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.runtime import Runtime
 
 from ksearch_graph.search.context import SearchContext, search_context
+from ksearch_graph.search.cycles import new_cycle
+from ksearch_graph.search.merge import merge_cycle
 from ksearch_graph.search.policy import select_actions
 from ksearch_graph.search.state import CycleState, SearchState
 from ksearch_graph.search.world_model import WorldModel
@@ -59,8 +61,6 @@ class RollingRound:
     def merge_and_claim(self, ctx: SearchContext, runtime: Runtime[SearchContext], result: dict) -> dict:
         """Merge a finished cycle and claim its lane's next cycle (and the waiting lanes'), once. Returns the commit
         record: ``next`` is the lane's next cycle; else ``waits`` (wait for a hand-off) or ``lane_end``."""
-        from ksearch_graph.search.nodes.merge import merge_cycle
-
         key = f"merge:{result['cycle_id']}"
         done = ctx.store.get_generation(key)
         if done is not None:
@@ -148,8 +148,6 @@ def _claim(ctx: SearchContext, wm: WorldModel, state: dict, active: dict,
            round_id: str) -> tuple[dict | None, str | None, bool]:
     """The lane's next cycle: the best open action no other lane is on, with a share of the unclaimed budget.
     Else why not, and whether that is final (budget spent, cap hit) or may change with another lane's merge."""
-    from ksearch_graph.search.nodes.cycles import new_cycle
-
     budget = ctx.config.budget.iterations
     stop = ctx.budget.stop_reason()  # the run's record: attempts recorded and in flight, caps
     if stop is not None:

@@ -26,8 +26,8 @@ from ksearch_graph.rundir.store import attempt_summary
 from ksearch_graph.search.context import SearchContext, search_context
 from ksearch_graph.search.events import AttemptEvent, InfrastructureEvent
 from ksearch_graph.search.infrastructure import TRIES, evaluate_guarded
-from ksearch_graph.search.nodes._common import emit, side_by_side
 from ksearch_graph.search.state import CycleState
+from ksearch_graph.search.streaming import emit, side_by_side
 from ksearch_graph.tasks.evaluation import EvalResult, Status
 
 

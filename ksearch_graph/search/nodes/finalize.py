@@ -6,8 +6,8 @@ from langgraph.runtime import Runtime
 
 from ksearch_graph.search.context import SearchContext, search_context
 from ksearch_graph.search.events import FinishedEvent
-from ksearch_graph.search.nodes._common import emit
 from ksearch_graph.search.state import SearchState
+from ksearch_graph.search.streaming import emit
 
 
 def finalize(state: SearchState, runtime: Runtime[SearchContext]) -> dict:

@@ -21,9 +21,9 @@ from langgraph.runtime import Runtime
 from ksearch_graph.rundir.store import attempt_summary
 from ksearch_graph.search.context import SearchContext, search_context
 from ksearch_graph.search.events import CodegenEvent
-from ksearch_graph.search.nodes._common import emit, side_by_side
 from ksearch_graph.search.roles.protocol import CodeRequest
 from ksearch_graph.search.state import CycleState
+from ksearch_graph.search.streaming import emit, side_by_side
 
 
 def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict:

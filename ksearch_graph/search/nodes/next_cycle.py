@@ -11,11 +11,11 @@ from langgraph.graph import END
 from langgraph.runtime import Runtime
 
 from ksearch_graph.search.context import search_context
+from ksearch_graph.search.cycles import fresh_cycle_state
 from ksearch_graph.search.events import CycleStartedEvent, LaneFinishedEvent, LaneWaitingEvent
-from ksearch_graph.search.nodes._common import emit
-from ksearch_graph.search.nodes.cycles import fresh_cycle_state
 from ksearch_graph.search.rolling import live_round
 from ksearch_graph.search.state import CycleState
+from ksearch_graph.search.streaming import emit
 
 
 def next_cycle(state: CycleState, runtime: Runtime) -> dict:

@@ -13,9 +13,9 @@ from langgraph.runtime import Runtime
 
 from ksearch_graph.search.context import SearchContext, search_context
 from ksearch_graph.search.events import CycleFinishedEvent
-from ksearch_graph.search.nodes._common import emit
 from ksearch_graph.search.roles.prompt_parts import performance_table
 from ksearch_graph.search.state import CycleState
+from ksearch_graph.search.streaming import emit
 from ksearch_graph.tasks.evaluation import EvalResult
 
 

@@ -16,12 +16,13 @@ from pydantic import BaseModel, ValidationError
 
 from ksearch_graph.search.budget import BudgetSpent
 from ksearch_graph.search.context import SearchContext, search_context
+from ksearch_graph.search.cycles import fresh_cycle_state, new_cycle
 from ksearch_graph.search.events import CycleStartedEvent, EditRejectedEvent, StoppingEvent, WorldModelEvent
-from ksearch_graph.search.nodes._common import emit
-from ksearch_graph.search.nodes.cycles import fresh_cycle_state, new_cycle
-from ksearch_graph.search.nodes.merge import edit_with_retries
+from ksearch_graph.search.merge import edit_with_retries
 from ksearch_graph.search.policy import select_actions, weak_frontier
+from ksearch_graph.search.rolling import start_round, waiting_lane
 from ksearch_graph.search.state import SearchState
+from ksearch_graph.search.streaming import emit
 from ksearch_graph.search.world_model import Action, WorldModel
 from ksearch_graph.search.world_model_edits import apply_edits
 from ksearch_graph.tasks.evaluation import EvalResult
@@ -67,8 +68,6 @@ def select_plans(state: SearchState, runtime: Runtime[SearchContext]) -> dict:
                                         title=wm.nodes[node_id].action.title, allowance=cycle["allowance"]))
     waiting: list[dict] = []
     if rolling(ctx) and lanes > 1:
-        from ksearch_graph.search.rolling import start_round, waiting_lane
-
         waiting = [waiting_lane(cycles[0]["id"], i) for i in range(len(cycles) + 1, lanes + 1)]
         start_round(ctx, cycles, waiting, {**state, "world_model": wm.to_state(), "cycle_seq": seq})
     return {"selected": cycles + waiting, "cycle_seq": seq, "stop_reason": None, "world_model": wm.to_state(),

@@ -12,10 +12,11 @@ from langgraph.runtime import Runtime
 from ksearch_graph.search.budget import BudgetSpent
 from ksearch_graph.search.context import SearchContext, search_context
 from ksearch_graph.search.events import PlannerFailedEvent, WorldModelEvent
-from ksearch_graph.search.nodes._common import emit
+from ksearch_graph.search.merge import best_entry, edit_with_retries, merge_cycle
 from ksearch_graph.search.nodes.compile_and_bench import evaluate_once
-from ksearch_graph.search.nodes.merge import best_entry, edit_with_retries, merge_cycle
+from ksearch_graph.search.rolling import round_state
 from ksearch_graph.search.state import CLEAR, SearchState
+from ksearch_graph.search.streaming import emit
 from ksearch_graph.search.world_model import MAX_INIT_NODES, ROOT, Attachment, WorldModel
 from ksearch_graph.search.world_model_edits import EditRejected, EditScript, apply_edits
 
@@ -76,8 +77,6 @@ def update_world_model(state: SearchState, runtime: Runtime[SearchContext]) -> d
     ctx = search_context(runtime)
     selected = state.get("selected", [])
     if selected and selected[0].get("round"):  # rolling cycles merged themselves as they ended
-        from ksearch_graph.search.rolling import round_state
-
         return {**round_state(ctx, selected[0]["round"]), "finished_cycles": CLEAR, "selected": [],
                 "last_node": "update_world_model"}
     wm = WorldModel.from_state(state["world_model"])

@@ -14,8 +14,8 @@ from ksearch_graph.rundir.store import attempt_summary
 from ksearch_graph.search.budget import BudgetSpent
 from ksearch_graph.search.context import SearchContext
 from ksearch_graph.search.events import CycleOrphanedEvent, EditRejectedEvent, NewBestEvent, WorldModelEvent
-from ksearch_graph.search.nodes._common import emit
 from ksearch_graph.search.roles.protocol import Evidence, PlannerOutputError, Usage
+from ksearch_graph.search.streaming import emit
 from ksearch_graph.search.world_model import Attachment, WorldModel, close_node, ensure_continuation, record_visit
 from ksearch_graph.search.world_model_edits import EditRejected, EditScript, apply_edits
 from ksearch_graph.tasks.evaluation import EvalResult

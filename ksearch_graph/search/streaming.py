@@ -1,4 +1,5 @@
-"""Small helpers the nodes share."""
+"""What the nodes share: ``emit`` (a progress event to the live stream and the run's event log) and ``side_by_side``
+(threads that keep LangGraph's context variables)."""
 
 from __future__ import annotations
 
