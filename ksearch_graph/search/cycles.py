@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from ksearch_graph.search.context import SearchContext
+from ksearch_graph.search.state import Cycle, CycleState
 from ksearch_graph.search.world_model import WorldModel
 
 
 def new_cycle(ctx: SearchContext, wm: WorldModel, node_id: str, seq: int, allowance: int, best_score: float,
-              done: int) -> dict:
+              done: int) -> Cycle:
     """A cycle's launch payload (fixed for its life)."""
     base = wm.code_parent(node_id).attachment
     return {
@@ -34,6 +35,6 @@ def _fresh_cycle_id(ctx: SearchContext, seq: int) -> str:
     return cycle_id
 
 
-def fresh_cycle_state(cycle: dict) -> dict:
+def fresh_cycle_state(cycle: Cycle) -> CycleState:
     return {"cycle": cycle, "n_attempts": 0, "steps": 0, "last": None, "pending": None, "pending_samples": None,
             "cycle_best": None, "stagnation": 0, "stop": None, "feedback": ""}

@@ -15,6 +15,7 @@ from ksearch_graph.search.budget import BudgetSpent
 from ksearch_graph.search.context import SearchContext
 from ksearch_graph.search.events import CycleOrphanedEvent, EditRejectedEvent, NewBestEvent, WorldModelEvent
 from ksearch_graph.search.roles.protocol import Evidence, PlannerOutputError, Usage
+from ksearch_graph.search.state import BestEntry
 from ksearch_graph.search.streaming import emit
 from ksearch_graph.search.world_model import Attachment, WorldModel, close_node, ensure_continuation, record_visit
 from ksearch_graph.search.world_model_edits import EditRejected, EditScript, apply_edits
@@ -54,7 +55,7 @@ def edit_with_retries(
     return None, errors
 
 
-def best_entry(row: dict, node_id: str) -> dict:
+def best_entry(row: dict, node_id: str) -> BestEntry:
     return {
         "attempt_id": row["id"],
         "score": row["score"],

@@ -22,7 +22,7 @@ from ksearch_graph.rundir.store import attempt_summary
 from ksearch_graph.search.context import SearchContext, search_context
 from ksearch_graph.search.events import CodegenEvent
 from ksearch_graph.search.roles.protocol import CodeRequest
-from ksearch_graph.search.state import CycleState
+from ksearch_graph.search.state import CycleState, PendingAttempt
 from ksearch_graph.search.streaming import emit, side_by_side
 
 
@@ -42,13 +42,13 @@ def instantiate_code(state: CycleState, runtime: Runtime[SearchContext]) -> dict
         return {"pending": None, "pending_samples": None, "halt": halt or ctx.budget.iteration_stop_reason()
                 or "iteration budget spent"}
     generated = side_by_side(lambda aid: _generate(ctx, runtime, state, aid, kind), ids)
-    pending = [{
-        "id": attempt_id,
-        "prompt_kind": kind,
-        "base_attempt_id": best["id"] if kind == "improve" else cycle["base_attempt_id"],
-        "parent_attempt_id": last["id"] if last else cycle["base_attempt_id"],
+    pending = [PendingAttempt(
+        id=attempt_id,
+        prompt_kind=kind,
+        base_attempt_id=best["id"] if kind == "improve" else cycle["base_attempt_id"],
+        parent_attempt_id=last["id"] if last else cycle["base_attempt_id"],
         **cached,
-    } for attempt_id, cached in zip(ids, generated)]
+    ) for attempt_id, cached in zip(ids, generated)]
     return {"pending": pending[0], "pending_samples": pending if len(pending) > 1 else None, "steps": step}
 
 

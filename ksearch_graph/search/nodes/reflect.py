@@ -14,7 +14,7 @@ from langgraph.runtime import Runtime
 from ksearch_graph.search.context import SearchContext, search_context
 from ksearch_graph.search.events import CycleFinishedEvent
 from ksearch_graph.search.roles.prompt_parts import performance_table
-from ksearch_graph.search.state import CycleState
+from ksearch_graph.search.state import CycleResult, CycleState
 from ksearch_graph.search.streaming import emit
 from ksearch_graph.tasks.evaluation import EvalResult
 
@@ -72,7 +72,7 @@ def _close(runtime: Runtime[SearchContext], state: CycleState, stop: str, update
     cycle, best, n_attempts = state["cycle"], state.get("cycle_best"), state.get("n_attempts", 0)
     emit(runtime, CycleFinishedEvent(cycle_id=cycle["id"], node_id=cycle["node_id"], passed=best is not None,
                                      best_attempt=best["id"] if best else None, attempts=n_attempts, reason=stop))
-    result = {"cycle_id": cycle["id"], "node_id": cycle["node_id"], "best": best, "n_attempts": n_attempts, "stop": stop}
+    result = CycleResult(cycle_id=cycle["id"], node_id=cycle["node_id"], best=best, n_attempts=n_attempts, stop=stop)
     return {**update, "stop": stop, "finished_cycles": [result], "last_node": "action_cycle"}
 
 
