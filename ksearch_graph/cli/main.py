@@ -246,11 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ksearch", description="K-Search: LLM kernel search with a co-evolving world model")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="start a search on a task folder, a FlashInfer-Trace definition or a "
-                                   "KernelBench problem")
+    p = sub.add_parser("run", help="start a search on a task folder, a FlashInfer-Trace definition, a "
+                                   "KernelBench problem or a GPU MODE problem")
     p.add_argument("task", help="task folder (with task.json); FlashInfer-Trace definition file "
                                 "(DATASET/definitions/.../NAME.json) or dataset root (with --definition); "
-                                "KernelBench problem file (.py)")
+                                "KernelBench problem file (.py); GPU MODE problem folder (with task.yml)")
     p.add_argument("--definition", help="with a FlashInfer-Trace dataset root as TASK: the definition's name")
     p.add_argument("--run-dir", help="where the run lives (default runs/<task>-<time>)")
     p.add_argument("--quiet", action="store_true")
@@ -261,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("campaign", help="one search per task, side by side on one pool, with one token/cost budget "
                                         "(run it again to resume)")
-    p.add_argument("tasks", nargs="*", help="task folders, FlashInfer-Trace definition files or KernelBench problems")
+    p.add_argument("tasks", nargs="*", help="task folders, FlashInfer-Trace definition files, KernelBench problems "
+                                            "or GPU MODE problem folders")
     p.add_argument("--runs-dir", required=True, help="the campaign's folder (one run directory per task inside)")
     p.add_argument("--quiet", action="store_true", help="no live table")
     _add_search_options(p)
