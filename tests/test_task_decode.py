@@ -23,7 +23,8 @@ from ksearch_graph.search.roles.template import default_params, render_template
 from ksearch_graph.tasks.evaluation import Status
 from ksearch_graph.tasks.task import load_task
 
-pytestmark = pytest.mark.slow  # evaluations of the paper's decode tasks
+# The kernels against the reference run here (fast tier, the Triton interpreter on small inputs); only the
+# evaluations through SubprocessEvaluator are end to end (slow tier).
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ROOTS = {
@@ -367,6 +368,7 @@ def evaluated(request, tmp_path_factory):
         yield {n: pool.submit(evaluator.evaluate, t, files, attempt_id=f"decode-{n}") for n, (t, files) in jobs.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", KINDS)
 def test_evaluator_passes_seed_solution(evaluated, which):
     r = evaluated[f"{which}-seed"].result()
@@ -377,6 +379,7 @@ def test_evaluator_passes_seed_solution(evaluated, which):
     assert all(w.baseline_us and w.baseline_us > 0 for w in r.workloads)  # the task's baseline ran in the judge
 
 
+@pytest.mark.slow
 def test_evaluator_rejects_natural_log_lse(evaluated):
     r = evaluated["gqa-natural-lse"].result()
     assert r.status == Status.incorrect_numerical, r.log_excerpt

@@ -25,7 +25,8 @@ from ksearch_graph.search.roles.template import default_params
 from ksearch_graph.tasks.evaluation import Status
 from ksearch_graph.tasks.task import load_task
 
-pytestmark = pytest.mark.slow  # evaluations of the prefill and MoE tasks
+# The kernels against the reference run here (fast tier, the Triton interpreter on small inputs); only the
+# evaluations through SubprocessEvaluator are end to end (slow tier).
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PREFILL = EXAMPLES / "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
@@ -409,6 +410,7 @@ def evaluated(tmp_path_factory):
         return {w: f.result() for w, f in futures.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["prefill", "moe"])
 def test_evaluator_passes_seed_solution(evaluated, which):
     r = evaluated[which]
