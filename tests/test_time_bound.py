@@ -132,3 +132,22 @@ def test_a_contradicted_burst_is_dropped_once_and_a_forger_that_backs_off_is_cau
     rule.verdict(lie, [80.0] * 3, cal, "1-3")
     verdict, why = rule.verdict(None, [80_000.0] * 3, cal, "4-6")
     assert verdict == "fail" and "reported 80 us for calls 1-3" in why
+
+
+def test_repeated_inputs_are_compared_above_the_floor_of_a_timed_call():
+    """Timed calls carry the floor of a call that does nothing (flush, cover, events: ~50 us on an H100), untimed
+    back-to-back calls do not. An honest 14 us kernel timed at 65 us is not a cache; a 1 ms kernel whose repeated
+    calls take 20 us is."""
+    import pytest
+
+    from ksearch_graph.harness.judge.reply_checks import check_burst_timings
+    from ksearch_graph.harness.reporting import Failure
+
+    honest = [[65.5, 0.0, 0.0, 90.0], [66.0, 0.0, 0.0, 92.0]]
+    check_burst_timings(honest, 14.9, "w", floor_us=51.0)
+    with pytest.raises(Failure, match="cached results"):  # without the floor, the old false alarm
+        check_burst_timings(honest, 14.9, "w")
+    caching = [[1000.0, 0.0, 0.0, 1100.0]]
+    with pytest.raises(Failure, match="cached results"):
+        check_burst_timings(caching, 20.0, "w", floor_us=51.0)
+    check_burst_timings([[40.0, 0.0, 0.0, 60.0]], 1.0, "w", floor_us=51.0)  # a floor above the call: nothing to compare

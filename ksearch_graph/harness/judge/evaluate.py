@@ -95,6 +95,7 @@ class Judge:
         self.call_bytes = {}  # per workload: one input set and its output, for the size of timing bursts
         self.power_limited = {}  # per workload: the candidate's heat found the GPU at its power limit
         self.calibrations: dict[str, time_bound.Calibration | None] = {}  # per timed workload (time_bound.py)
+        self.device_floor_us: dict[str, float] = {}  # per timed workload (calibrate)
         self.calls: CandidateCalls | None = None  # made in run(), with the candidate's process
 
     def inputs(self, w: dict, seed: int):
@@ -169,6 +170,8 @@ class Judge:
                                      self.args.call_timeout_s)
         overheads = time_bound.overheads_us([c.span_us for c in calls], [c.times[0] for c in calls])
         self.calibrations[w["name"]] = time_bound.calibrate(overheads[1:] or overheads, cpu=self.device != "cuda")
+        # The device time of a timed call that does nothing: what every timed call carries besides its work.
+        self.device_floor_us[w["name"]] = min((c.times[0] for c in calls), default=0.0)
         self.timing_trace.write("calibration", w["name"], 0, [c.times for c in calls],
                                 bound={"spans_us": [c.span_us for c in calls]})
         self.phases["calibration"] += time.perf_counter() - t0
@@ -205,7 +208,7 @@ class Judge:
                 if spent < 1e6:
                     self.phases[f"timing_{part}"] = spent
             timed = [c.times for c in calls]
-            check_burst_timings(timed, untimed, where)
+            check_burst_timings(timed, untimed, where, self.device_floor_us.get(name, 0.0))
             device = [t[0] for t in timed]
             spans = [c.span_us for c in calls]
             reported = honest_times(device, [t[3] for t in timed])[0]

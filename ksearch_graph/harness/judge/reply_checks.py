@@ -31,17 +31,20 @@ def check_flags(flags: dict, where: str) -> None:
                       "persisting L2 cache, which survives the harness's cache flush")
 
 
-def check_burst_timings(timed: list[list[float]], untimed: float | None, where: str) -> None:
+def check_burst_timings(timed: list[list[float]], untimed: float | None, where: str, floor_us: float = 0.0) -> None:
     """A burst's calls ([device, tail, probe, host] us each, of the protocol's types): untimed calls on repeated
     inputs not much faster than timed ones on fresh inputs, and no call whose device time exceeds the host time
-    around it."""
+    around it. ``floor_us``: the device time of a timed call that does nothing, measured by the judge's calibration
+    before any candidate code existed: every timed call carries it (flush, cover, events), back-to-back untimed
+    calls do not, so only the work above it is compared."""
     # Against the fastest timed call: a timed call slowed by the GPU (a clock state, another process) must
     # not make an honest candidate suspicious.
     fastest = min(t[0] for t in timed)
-    if untimed is not None and untimed < POLICY.untimed_ratio * fastest:
+    work = fastest - min(max(0.0, floor_us), fastest)
+    if untimed is not None and untimed < POLICY.untimed_ratio * work:
         raise Failure("suspicious", f"{where}: untimed calls on repeated inputs (the heat before the timed "
                       f"calls) took {untimed:.1f} us, the fastest timed call on fresh inputs "
-                      f"{fastest:.1f} us: "
+                      f"{fastest:.1f} us ({floor_us:.1f} us of it the floor of a call that does nothing): "
                       "the candidate does less work when it sees inputs again (cached results?)")
     for us, _tail, _probe, host_us in timed:
         if us < 0 or us > host_us * 1.05 + 50:
