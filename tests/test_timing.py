@@ -98,6 +98,7 @@ def _bare_judge(budget_s: float = 0.0, trace_path: str | None = None):
     j.args = SimpleNamespace(time_budget_s=budget_s, call_timeout_s=30.0)
     j.call_bytes, j.power_limited, j.timing_trace = {"w": 1 << 10}, {}, reporting.TimingTrace(trace_path)
     j.calibrations = {}  # time_bound.py's calibration: none, so no bound is judged here
+    j.device_floor_us, j.ref_timing = {}, {}  # nor the repeated-input check's floor and reference figures
     j.phases = {"timing_heat": 0.0, "timing_fill": 0.0, "reference": 0.0, "checks": 0.0}
     j.inputs = lambda w, seed: [torch.full((4,), float(seed % 1000))]
     j.reference = lambda inputs: inputs[0]

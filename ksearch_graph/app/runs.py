@@ -5,9 +5,11 @@ The CLI is a thin shell over these functions; tests and other programs can call 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from langgraph.types import Command
 
 from ksearch_graph.config import SearchConfig
 from ksearch_graph.rundir.gpu_record import keep_to_branch
-from ksearch_graph.rundir.integrity import open_for_reading
+from ksearch_graph.rundir.integrity import check_for_writing, open_for_reading
 from ksearch_graph.rundir.run_dir import RunDir, RunDirError, copy_sqlite
 from ksearch_graph.rundir.store import attempt_summary
 from ksearch_graph.search.context import SearchContext
@@ -330,3 +332,59 @@ def iteration_target(run: RunDir, total: int | None, more: int | None) -> int | 
         raise RunDirError(f"{run.path} has {done} iterations done; --iterations is the total budget, so at least "
                           f"{done}. For N more iterations: --more N")
     return total
+
+
+def parse_answer(text: str) -> dict:
+    """`approve` | `stop` | `pick ID` | `edit {"description": ...}` (also with ':' instead of the space)."""
+    match = re.match(r"\s*(\w+)\s*:?\s*(.*)$", text, re.S)
+    word, rest = (match.group(1).lower(), match.group(2)) if match else ("", "")
+    word = {"a": "approve", "s": "stop", "p": "pick", "e": "edit"}.get(word, word)
+    if word == "pick":
+        return {"decision": "pick", "node_id": rest.strip()}
+    if word == "edit":
+        try:
+            return {"decision": "edit", "action": json.loads(rest)}
+        except json.JSONDecodeError as e:
+            raise RunDirError(f"edit needs a JSON object of action fields, e.g. edit {{\"value\": 0.9}}: {e}") from None
+    if word in ("approve", "stop"):
+        return {"decision": word}
+    raise RunDirError(f"unknown answer {text!r}: use approve, stop, pick ID or edit JSON")
+
+
+@dataclass
+class ResumePlan:
+    """What ``ksearch resume`` (or any caller) asked of a run, checked against it before anything is written."""
+
+    run: RunDir
+    answer: dict | None  # to the plan-approval question the run waits on
+    target: int | None  # the new iteration budget (--iterations TOTAL or --more N)
+    changed: bool  # the endpoint or the sandbox moved: run.json is saved by commit_resume
+    searches: bool  # something is left to do: the run is unfinished, or the budget grows
+
+    def commit(self, preflight=None) -> bool:
+        """Write what was checked: the settings, the preflight's record, the new budget. True when the budget grew
+        on a finished run (it continues)."""
+        if self.changed:
+            self.run.save()
+        if preflight is not None:
+            record_preflight(self.run, preflight)
+        return self.target is not None and extend(self.run, self.target)
+
+
+def plan_resume(run_dir: str | Path, *, answer: str | None = None, base_url: str | None = None,
+                model: str | None = None, sandbox: str | None = None, iterations: int | None = None,
+                more: int | None = None) -> ResumePlan:
+    """Open a run for writing and check a resume's every option against it; nothing is written yet (a refused
+    option leaves the run as it was). The caller checks the pool (and the task, when its seed is not measured
+    yet) while ``searches``, then ``commit``s."""
+    run = RunDir.open(run_dir, writer=True)
+    check_for_writing(run)
+    parsed = parse_answer(answer) if answer else None
+    if parsed is not None and pending_question(run) is None:
+        raise RunDirError(f"{run.path} is not waiting for an answer")
+    moved = move_endpoint(run, base_url, model)
+    resandboxed = sandbox is not None and sandbox != run.config.sandbox
+    run.config.sandbox = sandbox or run.config.sandbox
+    target = iteration_target(run, iterations, more)
+    searches = not is_finished(run) or (target is not None and target > iterations_done(run))
+    return ResumePlan(run, parsed, target, moved or resandboxed, searches)

@@ -7,19 +7,15 @@ failed) and 76 (waiting for an answer) are set here; cli.py's docstring lists th
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from ksearch_graph.app.runs import (
-    iteration_target,
-    iterations_done,
     mark_finished,
-    move_endpoint,
+    parse_answer,
     record_preflight,
     seed_measured,
 )
@@ -213,23 +209,6 @@ def _exit_on_interrupt(run: RunDir):
             signal.signal(s, handler)
 
 
-def parse_answer(text: str) -> dict:
-    """`approve` | `stop` | `pick ID` | `edit {"description": ...}` (also with ':' instead of the space)."""
-    match = re.match(r"\s*(\w+)\s*:?\s*(.*)$", text, re.S)
-    word, rest = (match.group(1).lower(), match.group(2)) if match else ("", "")
-    word = {"a": "approve", "s": "stop", "p": "pick", "e": "edit"}.get(word, word)
-    if word == "pick":
-        return {"decision": "pick", "node_id": rest.strip()}
-    if word == "edit":
-        try:
-            return {"decision": "edit", "action": json.loads(rest)}
-        except json.JSONDecodeError as e:
-            raise RunDirError(f"edit needs a JSON object of action fields, e.g. edit {{\"value\": 0.9}}: {e}") from None
-    if word in ("approve", "stop"):
-        return {"decision": word}
-    raise RunDirError(f"unknown answer {text!r}: use approve, stop, pick ID or edit JSON")
-
-
 def _show_question(q: dict) -> None:
     a = q["action"]
     print(f"\n[approval] next plan: {q['node_id']}: {a['title']} (V={a['value']}, difficulty {a['difficulty']})")
@@ -349,41 +328,28 @@ def cmd_run(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from ksearch_graph.app.runs import extend, has_started, is_finished, pending_question
-    from ksearch_graph.rundir.integrity import check_for_writing
+    from ksearch_graph.app.runs import has_started, is_finished, plan_resume
 
-    run = RunDir.open(args.run_dir, writer=True)
-    check_for_writing(run)
-    # Every option is checked before anything is written.
-    answer = parse_answer(args.answer) if args.answer else None
-    if answer is not None and pending_question(run) is None:
-        raise RunDirError(f"{run.path} is not waiting for an answer")
-    moved = move_endpoint(run, args.base_url, args.model)
-    resandboxed = args.sandbox is not None and args.sandbox != run.config.sandbox
-    run.config.sandbox = args.sandbox or run.config.sandbox  # saved below, once every check has passed
+    plan = plan_resume(args.run_dir, answer=args.answer, base_url=args.base_url, model=args.model,
+                       sandbox=args.sandbox, iterations=args.iterations, more=args.more)
+    run = plan.run
     _warn_unsandboxed(run.config)
-    target = iteration_target(run, args.iterations, args.more)
     evaluator = checked = None
-    if not is_finished(run) or (target is not None and target > iterations_done(run)):
+    if plan.searches:
         evaluator = _checked_pool(run, args)  # a pool of another GPU model stops here, before anything is written
         try:  # the pool (and a task whose seed is not measured yet) checked before anything is spent
             checked = _preflight(evaluator, run.task(), check_task=not seed_measured(run), quiet=args.quiet)
         except BaseException:
             getattr(evaluator, "close", lambda: None)()
             raise
-    if moved or resandboxed:
-        run.save()
-    if checked is not None:
-        record_preflight(run, checked)
-    if target is not None:
-        if extend(run, target):
-            print(f"budget raised to {target} iterations; the finished run continues")
+    if plan.commit(checked):
+        print(f"budget raised to {plan.target} iterations; the finished run continues")
     if is_finished(run):
         getattr(evaluator, "close", lambda: None)()
         mark_finished(run)
         print(f"{run.path}: the run is finished (continue it with --more N, N more iterations)")
         return 0
-    return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=answer, evaluator=evaluator,
+    return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=plan.answer, evaluator=evaluator,
                   allow_gpu_change=args.allow_gpu_change)
 
 

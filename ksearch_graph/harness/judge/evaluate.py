@@ -1,6 +1,6 @@
 """One evaluation in the judge process: the ``Judge`` (inputs it makes, the reference, the checks, the timing through
-its own clock) and ``evaluate``, its run for one job; ``time_reference_ahead`` for a process still waiting for its
-job. judge.py (the process's entry) says the order of work and why there are two processes."""
+its own clock) and ``evaluate``, its run for one job. judge.py (the process's entry, and ``time_reference_ahead`` for
+a process still waiting for its job) says the order of work and why there are two processes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from ksearch_graph.harness._torch import load_torch  # no module here imports to
 from ksearch_graph.harness.gpu import gpu_healthy
 from ksearch_graph.harness.guards import InterpreterHooks
 from ksearch_graph.harness.job import (
-    AHEAD,
     LOADING_TASK,
     STARTING_RUNNER,
     TASK_REFERENCE,
@@ -28,7 +27,7 @@ from ksearch_graph.harness.judge.input_sizes import InputsTooLarge, check_input_
 from ksearch_graph.harness.judge.reply_checks import check_burst_timings, check_flags
 from ksearch_graph.harness.judge.results import summarise
 from ksearch_graph.harness.judge.runner_process import RunnerProcess
-from ksearch_graph.harness.judge.session import SEED_ENV, TRACE_ENV, JobWatch, Session, timing_lock
+from ksearch_graph.harness.judge.session import SEED_ENV, TRACE_ENV, Session, timing_lock
 from ksearch_graph.harness.modules import load_module
 from ksearch_graph.harness.policy import POLICY
 from ksearch_graph.harness.reporting import Failure, TimingTrace, describe, progress
@@ -478,26 +477,3 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
                 result["reference_timings"] = {"key": judge.timings_key, "workloads": judge.measured}
 
 
-def time_reference_ahead(session: Session, args, job: JobWatch) -> dict:
-    """A prestarted process given its task (``--time-reference-ahead``) times the reference (and baseline) while it
-    waits for the job, holding the GPU's timing lock, before any candidate code exists: a search's first evaluation
-    then does not pay for it while the LLM writes the first candidate (docs/timing.md, "Other costs measured"). Stops
-    early when the job comes; the evaluation times what is left. {} when the task cannot be read or its reference
-    fails: the evaluation meets and reports the same problem."""
-    t0 = time.perf_counter()
-    progress(AHEAD)
-    try:
-        task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
-        judge = Judge(args, task, {}, {}, None, session.timer)
-        with timing_lock(args.lock_dir, judge.device):
-            for w in task["workloads"]:
-                if w["timed"] and job.at is None:
-                    judge.time_reference(w)
-    except Exception as e:  # noqa: BLE001 (reported by the evaluation, which runs the same code)
-        progress(f"timing the reference ahead failed ({type(e).__name__}); the evaluation will")
-        return {}
-    done = time.perf_counter()
-    progress(f"reference timed ahead: {len(judge.measured)} workloads in {done - t0:.1f} s")
-    # A job that came meanwhile waited for the workload in hand: that time is on its clock, as reference timing.
-    return {"timings": {"key": judge.timings_key, "workloads": judge.measured}, "task": os.path.abspath(args.task),
-            "overrun_s": max(0.0, done - job.at) if job.at is not None else 0.0}

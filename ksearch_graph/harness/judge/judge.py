@@ -50,18 +50,20 @@ if __name__ == "__main__" and not __package__:  # started by path: import the pa
 
 from ksearch_graph.harness.isolation import die_with_parent, harden, isolate_judge_network  # noqa: E402
 from ksearch_graph.harness.job import (  # noqa: E402
+    AHEAD,
     JUDGE_CRASH,
     RECEIVED,
     RESULT_KEY_ENV,
     WAITING,
     JudgeOptions,
 )
-from ksearch_graph.harness.judge.evaluate import evaluate, time_reference_ahead  # noqa: E402
+from ksearch_graph.harness.judge.evaluate import Judge, evaluate  # noqa: E402
 from ksearch_graph.harness.judge.input_sizes import gib  # noqa: E402
 from ksearch_graph.harness.judge.memory_watch import MemoryWatch  # noqa: E402
 from ksearch_graph.harness.judge.results import new_result, write_signed  # noqa: E402
-from ksearch_graph.harness.judge.session import JobWatch, Session, read_job  # noqa: E402
+from ksearch_graph.harness.judge.session import JobWatch, Session, read_job, timing_lock  # noqa: E402
 from ksearch_graph.harness.reporting import Failure, clip, progress  # noqa: E402
+from ksearch_graph.harness.tasks import read_task  # noqa: E402
 
 
 def watch_memory(args, result_key: str) -> MemoryWatch:
@@ -80,6 +82,31 @@ def watch_memory(args, result_key: str) -> MemoryWatch:
         os._exit(0)
 
     return MemoryWatch(limit, over)
+
+
+def time_reference_ahead(session: Session, args, job: JobWatch) -> dict:
+    """A prestarted process given its task (``--time-reference-ahead``) times the reference (and baseline) while it
+    waits for the job, holding the GPU's timing lock, before any candidate code exists: a search's first evaluation
+    then does not pay for it while the LLM writes the first candidate (docs/timing.md, "Other costs measured"). Stops
+    early when the job comes; the evaluation times what is left. {} when the task cannot be read or its reference
+    fails: the evaluation meets and reports the same problem."""
+    t0 = time.perf_counter()
+    progress(AHEAD)
+    try:
+        task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
+        judge = Judge(args, task, {}, {}, None, session.timer)
+        with timing_lock(args.lock_dir, judge.device):
+            for w in task["workloads"]:
+                if w["timed"] and job.at is None:
+                    judge.time_reference(w)
+    except Exception as e:  # noqa: BLE001 (reported by the evaluation, which runs the same code)
+        progress(f"timing the reference ahead failed ({type(e).__name__}); the evaluation will")
+        return {}
+    done = time.perf_counter()
+    progress(f"reference timed ahead: {len(judge.measured)} workloads in {done - t0:.1f} s")
+    # A job that came meanwhile waited for the workload in hand: that time is on its clock, as reference timing.
+    return {"timings": {"key": judge.timings_key, "workloads": judge.measured}, "task": os.path.abspath(args.task),
+            "overrun_s": max(0.0, done - job.at) if job.at is not None else 0.0}
 
 
 def main(argv: list[str] | None = None, network: str = "no (started in-process)") -> int:
