@@ -57,7 +57,7 @@ def test_installed_wheel_runs_an_llm_search_with_its_prompts(tmp_path, softmax_t
     names = set(zipfile.ZipFile(wheel).namelist())
     subpackages = {p.parent.relative_to(REPO).as_posix() for p in PACKAGE.rglob("__init__.py")}
     assert {f"{d}/__init__.py" for d in subpackages} <= names  # every subpackage ships
-    prompts = sorted(p.name for p in (PACKAGE / "prompts").glob("*.md"))
+    prompts = sorted(p.name for p in (PACKAGE / "search" / "roles" / "prompts").glob("*.md"))
     assert prompts and {f"ksearch_graph/search/roles/prompts/{p}" for p in prompts} <= names
 
     python = _fresh_venv(tmp_path / "venv", wheel)
@@ -77,7 +77,7 @@ def test_installed_wheel_runs_an_llm_search_with_its_prompts(tmp_path, softmax_t
                               cwd=work, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert server.remaining == 0
-    installed = Path(where).parent / "prompts"
+    installed = Path(where).parent / "search" / "roles" / "prompts"
     system = server.requests[0]["messages"][0]["content"]
     assert system.startswith((installed / "planner_system.md").read_text().splitlines()[0])
     assert "[  1/1] c1.1    first   passed" in proc.stdout, proc.stdout + proc.stderr
