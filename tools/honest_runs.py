@@ -46,8 +46,11 @@ def main() -> int:
     def run(i: int) -> dict:
         folder, task, files = jobs[i % len(jobs)]
         r = evaluators[i % args.parallel].evaluate(task, files, attempt_id=f"honest-{i}")
-        return {"task": folder, "status": r.status.value, "wall_s": round(r.wall_s, 2),
-                "log": r.log_excerpt[:400] if not r.passed else ""}
+        row = {"task": folder, "status": r.status.value, "wall_s": round(r.wall_s, 2),
+               "log": r.log_excerpt[:400] if not r.passed else ""}
+        # One line per evaluation as it ends: a run cut short by a time limit keeps what it measured.
+        print(json.dumps({"i": i, **row}), flush=True)
+        return row
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
