@@ -19,6 +19,8 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai_server import FakeOpenAIServer, Reply, fake_openai  # noqa: E402,F401
 
+from ksearch_graph.harness.modules import load_module as _load_module  # noqa: E402  (stdlib only: no Triton)
+
 # Without CUDA, Triton runs in its interpreter. Triton reads TRITON_INTERPRET when a @triton.jit function is defined,
 # its own library's included, and torch imports Triton in-process (torch.utils.flop_counter: the speed-of-light
 # code): set it before any test can import Triton, or a kernel run later calls compiled helpers and fails.
@@ -30,12 +32,8 @@ SOFTMAX = REPO / "examples" / "softmax"
 
 
 def load_module(name: str, path: Path):
-    """Import a file as module ``name`` (registered in sys.modules: Triton's JIT looks modules up by name)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """Import a file as module ``name``, as the harness does (harness/modules.py)."""
+    return _load_module(name, str(path))
 
 
 def task_modules(root: Path, prefix: str, template_configs: dict[str, dict], tmp_root: Path) -> dict:
