@@ -86,8 +86,10 @@ class CpuGroup:
                 break
             except OSError:
                 time.sleep(0.01)
-        with contextlib.suppress(OSError):
-            os.close(self._stat)
+        if self._stat >= 0:  # once: a second close would close whatever file took the number since
+            with contextlib.suppress(OSError):
+                os.close(self._stat)
+            self._stat = -1
 
 
 class ProcessTree:
