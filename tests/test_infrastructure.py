@@ -28,7 +28,7 @@ def test_the_failure_markers_are_what_the_harness_writes():
     judge, client, runner, runner_process = ((harness / name).read_text() for name in
                                              ("judge/judge.py", "parent/client.py", "candidate/runner.py",
                                               "judge/runner_process.py"))
-    judge += (harness / "judge" / "evaluate.py").read_text()
+    judge += (harness / "judge" / "session.py").read_text() + (harness / "judge" / "evaluate.py").read_text()
     assert "{TASK_REFERENCE}" in judge and "clip(JUDGE_CRASH +" in judge
     for marker in ("{JUDGE_LOST}", "{CANNOT_START}", "{UNREADABLE}"):
         assert marker in client, marker

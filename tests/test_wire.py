@@ -30,7 +30,7 @@ def raw(kind: str, **fields) -> bytes:
 
 def test_every_message_of_the_candidates_side_parses_as_its_type():
     for msg in (wire.Loaded({"network_isolated": "yes", "device": "cpu", "host_spin_wait": False,
-                             "launch_cover": "none"}), wire.Pong(), wire.Prepared(), wire.Imported(1.5),
+                             "launch_cover": "none"}), wire.Prepared(), wire.Imported(1.5),
                 wire.Output(OUTPUT, 0.1, FLAGS), wire.Warmed(0.1), wire.Ready(3),
                 wire.Done(3, [1.0, 2.0, 0.5, 3.0], {"other": "NoneType"}), wire.Timed(FLAGS, None),
                 wire.Error("runtime_error", "boom")):
@@ -76,7 +76,7 @@ def test_descriptors_travel_from_the_judge_and_are_dropped_from_the_candidate():
     assert msg == wire.Lend(region.nbytes) and len(fds) == 1
     # The candidate's process sends a descriptor of its own: the judge's reader takes no descriptor at all.
     r, w = os.pipe()
-    candidate.sock.sendmsg([wire.encode(wire.Pong())], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+    candidate.sock.sendmsg([wire.encode(wire.Prepared())], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                                           __import__("array").array("i", [r]))])
     with pytest.raises(wire.Malformed, match="descriptors"):
         judge.receive_untrusted()

@@ -8,11 +8,11 @@ other shape makes the candidate suspicious. Tensors never travel here: the judge
 (``shared_memory.py``, SCM_RIGHTS on this socket) and reads outputs out of it itself. The judge accepts no
 descriptor from the candidate's process (the kernel drops any it sends) and acts on no address or path it names.
 
-Judge to candidate (``JUDGE_SENDS``): ``Ping``, ``Import`` (the candidate's entry point, the task's reference files),
+Judge to candidate (``JUDGE_SENDS``): ``Begin`` (touch the device now), ``Import`` (the candidate's entry point, the task's reference files),
 ``Load`` (import the candidate), ``Lend`` (the output slot; a descriptor), ``Call`` / ``Warm`` (one call on inputs the judge made; a descriptor),
 ``Calibrate`` / ``Burst`` (timed calls: the candidate's process says ``Ready``, the judge answers ``Go`` with that
 call's inputs, the candidate's process answers ``Done``, the judge ``Taken``), ``Exit``. Candidate to judge
-(``CANDIDATE_SENDS``): ``Loaded``, ``Pong``, ``Prepared``, ``Imported``, ``Output``, ``Warmed``, ``Ready``, ``Done``, ``Timed``,
+(``CANDIDATE_SENDS``): ``Loaded``, ``Prepared``, ``Imported``, ``Output``, ``Warmed``, ``Ready``, ``Done``, ``Timed``,
 ``Error``.
 """
 
@@ -38,8 +38,9 @@ STATUSES = ("compile_error", "runtime_error", "incorrect_shape", "incorrect_nume
 
 # --- judge to the candidate's process -------------------------------------------------------------------------------
 
-class Ping(NamedTuple):
-    """Answer ``Pong`` at once (before any candidate code runs)."""
+class Begin(NamedTuple):
+    """Make the device's context and the timer now, then answer ``Loaded``: torch is imported first, off the device,
+    and the device is touched only when the judge holds it for this (gpu_share.py)."""
 
 
 class Import(NamedTuple):
@@ -115,10 +116,6 @@ class Loaded(NamedTuple):
     info: dict
 
 
-class Pong(NamedTuple):
-    """The answer to a ``Ping``."""
-
-
 class Prepared(NamedTuple):
     """The task's reference module is loaded."""
 
@@ -166,8 +163,8 @@ class Error(NamedTuple):
     message: str
 
 
-JUDGE_SENDS = (Ping, Import, Load, Lend, Call, Warm, Burst, Calibrate, Go, Taken, Exit)
-CANDIDATE_SENDS = (Loaded, Pong, Prepared, Imported, Output, Warmed, Ready, Done, Timed, Error)
+JUDGE_SENDS = (Begin, Import, Load, Lend, Call, Warm, Burst, Calibrate, Go, Taken, Exit)
+CANDIDATE_SENDS = (Loaded, Prepared, Imported, Output, Warmed, Ready, Done, Timed, Error)
 _BY_NAME = {kind.__name__: kind for kind in JUDGE_SENDS + CANDIDATE_SENDS}
 
 
@@ -261,7 +258,6 @@ def parse_output(v) -> dict:
 
 SCHEMA = {
     Loaded: {"info": lambda v: _info(v)},
-    Pong: {},
     Prepared: {},
     Imported: {"compile_s": lambda v: _float(v, 0.0)},
     Output: {"output": parse_output, "seconds": lambda v: _float(v, 0.0), "flags": parse_flags},

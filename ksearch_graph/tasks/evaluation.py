@@ -69,6 +69,10 @@ class EvalResult(BaseModel):
     wall_s: float = 0.0
     # Where the wall time went, in seconds: spawn, imports, inputs, reference, compile, correctness, timing.
     phases: dict[str, float] = {}
+    # The judge's holds on its device (harness/judge/gpu_share.py): [what, start, end], wall clock; "timing" alone on
+    # the device; "starting", "checking" and "stopping" beside other evaluations' shared holds. A pool's busy share
+    # is their union over the run.
+    device_spans: list[tuple[str, float, float]] = []
     # Things worth a second look that do not fail the candidate, e.g. "calls_reference".
     flags: list[str] = []
     # What the LLM is shown: the error itself, not pages of traceback.

@@ -10,7 +10,7 @@ the honest side of that protocol: rebuild the lent inputs, call the candidate, t
 behind the launch cover, write the output into the slot. The in-process guards (audit hook, integrity snapshot,
 interpreter hooks, library patches) are a first filter that names the cheat it saw; the judge does not rely on them.
 
-Messages, in order: ``Ping`` (answered before anything else), ``Import`` (the task's reference files and the
+Messages, in order: ``Begin`` (torch is imported; make the device's context and the timer, say ``Loaded``), ``Import`` (the task's reference files and the
 candidate's entry: the reference module is loaded, the judge may then ask for ``Calibrate`` bursts, which time a
 function that does no work, then ``Load`` imports the candidate), then ``Lend`` / ``Call`` / ``Warm`` / ``Burst``
 in any order, ``Exit``.
@@ -43,6 +43,7 @@ from ksearch_graph.harness.timer import Timer  # noqa: E402
 from ksearch_graph.harness.timing import timed_burst  # noqa: E402
 from ksearch_graph.harness.wire import (  # noqa: E402
     FLAG_FIELDS,  # noqa: E402
+    Begin,
     Burst,
     Calibrate,
     Call,
@@ -57,8 +58,6 @@ from ksearch_graph.harness.wire import (  # noqa: E402
     Load,
     Loaded,
     Output,
-    Ping,
-    Pong,
     Prepared,
     Ready,
     Taken,
@@ -161,8 +160,6 @@ class Runner:
             match msg:
                 case Exit():
                     return
-                case Ping():
-                    self.send(Pong())
                 case Import():
                     self.prepare_task(msg.task)
                 case Calibrate():
@@ -394,12 +391,19 @@ def main() -> None:
     channel = Channel(socket.socket(fileno=args.fd))
     try:
         torch = load_torch()  # torch does not import triton, so TRITON_INTERPRET can still be set below
+        # The device is touched only once the judge holds it for this (its Begin): a context made while another
+        # evaluation is timed on the same GPU would slow that one down.
+        msg, _ = channel.receive_from_judge()
+        if not isinstance(msg, Begin):
+            return
         if cfg["device"] == "auto":
             cfg["device"] = "cuda" if torch.cuda.is_available() else "cpu"
         if cfg["device"] == "cpu":
             os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
             torch.set_num_threads(1)  # CPU timings only order candidates; keep them steady
         timer = Timer(cfg["device"])
+    except (EOFError, ConnectionError):
+        return
     except BaseException as e:
         channel.send(start_failure(e, cfg))
         return

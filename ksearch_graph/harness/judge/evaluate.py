@@ -17,17 +17,17 @@ from ksearch_graph.harness.gpu import gpu_healthy
 from ksearch_graph.harness.guards import InterpreterHooks
 from ksearch_graph.harness.job import (
     LOADING_TASK,
-    STARTING_RUNNER,
     TASK_REFERENCE,
 )
 from ksearch_graph.harness.judge import time_bound
 from ksearch_graph.harness.judge.candidate_calls import CandidateCalls, TimedCall, reference_files
 from ksearch_graph.harness.judge.compare import compare, same
+from ksearch_graph.harness.judge.gpu_share import CHECKING, TIMING, DeviceShare
 from ksearch_graph.harness.judge.input_sizes import InputsTooLarge, check_input_sizes
 from ksearch_graph.harness.judge.reply_checks import check_burst_timings, check_flags
 from ksearch_graph.harness.judge.results import summarise
 from ksearch_graph.harness.judge.runner_process import RunnerProcess
-from ksearch_graph.harness.judge.session import SEED_ENV, TRACE_ENV, Session, timing_lock
+from ksearch_graph.harness.judge.session import SEED_ENV, TRACE_ENV, Session
 from ksearch_graph.harness.modules import load_module
 from ksearch_graph.harness.policy import POLICY
 from ksearch_graph.harness.reporting import Failure, TimingTrace, describe, progress
@@ -45,7 +45,7 @@ from ksearch_graph.harness.timing import (
     precise_enough,
     timed_burst,
 )
-from ksearch_graph.harness.wire import Import, Imported, Load, Loaded, Prepared
+from ksearch_graph.harness.wire import Import, Imported, Load, Prepared
 from ksearch_graph.harness.writable import without_writable, writable_paths
 
 
@@ -55,7 +55,7 @@ class Judge:
     ``runner_task`` only times the reference: its base seed is its own, the hidden one stays for the evaluation's."""
 
     def __init__(self, args, task: dict, result: dict, cached: dict, runner_task: dict | None, timer: Timer,
-                 ahead: dict | None = None):
+                 share: DeviceShare, ahead: dict | None = None):
         self.args, self.task, self.result = args, task, result
         self.runner_task = runner_task  # what the candidate's process needs to import the candidate
         self.tol = task["tolerance"]
@@ -69,6 +69,7 @@ class Judge:
         self.timer.use_timing(task["timing"])
         self.host_timed: list[str] = []  # workloads whose every timed call read 0 us of device time
         self.device = "cuda" if timer.cuda else "cpu"  # the session's, which made the timer
+        self.share = share  # the Session's: timing alone on the device, checks side by side
         self.min_runs = POLICY.min_runs_gpu if self.device == "cuda" else POLICY.min_runs
         self.ref = load_module("ksearch_reference", os.path.join(args.task, task["reference"]))
         self.baseline = None
@@ -79,7 +80,7 @@ class Judge:
         # CPU no device clock leaves that host time out). Made after the task's modules are imported: the check puts
         # back what it saw then (gc callbacks, trace and profile functions) after every call.
         self.timer.hooks = InterpreterHooks()
-        self.phases = {"waiting_for_runner": 0.0, "reference_timing": 0.0, "calibration": 0.0,
+        self.phases = {"reference_timing": 0.0, "calibration": 0.0,
                        "waiting_for_compile": 0.0, "reference": 0.0, "correctness": 0.0, "timing": 0.0,
                        "checks": 0.0,
                        # parts of "timing": the candidate's heats and its fillers between timed calls (timer.Timer)
@@ -341,20 +342,14 @@ class Judge:
         ref_timing, base_timing = self.ref_timing, self.base_timing
         self.calls = CandidateCalls(runner, self.timer, self.device)
 
-        # 1. The candidate's process has imported torch (while we did) and waits; no candidate code has run yet.
-        t0 = time.perf_counter()
-        runner_info = runner.request(None, args.compile_timeout_s, STARTING_RUNNER,
-                                     expect=Loaded).info
-        if runner_info.pop("device") != self.device:
-            raise Failure("runtime_error", "the candidate's process and the judge see different devices")
-        result["environment"].update(runner_info)
-        self.phases["waiting_for_runner"] = time.perf_counter() - t0
+        # 1. The candidate's process has imported torch and made its timer (Session), and waits; no candidate code
+        # has run yet.
         runner.request(Import(self.runner_task), args.compile_timeout_s, LOADING_TASK, expect=Prepared)
 
         # Time the reference (and baseline) now, and calibrate the judge's clock, while no candidate code has run:
         # once the candidate is imported, work it leaves running (a GPU stream, a thread) could slow the reference
         # down and inflate its speedup, and the timings are reused by later evaluations of the session.
-        with timing_lock(args.lock_dir, self.device):
+        with self.share.hold(TIMING):
             for w in timed:
                 self.time_reference(w)
             for w in timed:
@@ -363,8 +358,9 @@ class Judge:
 
         t0 = time.perf_counter()
         progress("importing the candidate")
-        compile_s = runner.request(Load(), args.compile_timeout_s, "compiling (importing) the candidate",
-                                   expect=Imported).compile_s
+        with self.share.hold(CHECKING):  # candidate code runs from here on, and may touch the device
+            compile_s = runner.request(Load(), args.compile_timeout_s, "compiling (importing) the candidate",
+                                       expect=Imported).compile_s
         self.phases["waiting_for_compile"] = time.perf_counter() - t0
         result["compile_s"] = compile_s
 
@@ -379,33 +375,35 @@ class Judge:
                 where = f"workload {name}, input set {i + 1}/{task['correctness_seeds']}"
                 progress(f"correctness {where}")
                 seed = self.correctness_seed(name, i)
-                t0 = time.perf_counter()
-                pristine = self.inputs(w, seed)
-                expected = self.reference(pristine)
-                self.phases["reference"] += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                out, got_inputs, seconds, flags, regions = self.calls.call(
-                    name, pristine, expected, first, args.compile_timeout_s if first else args.call_timeout_s, where)
-                try:
-                    if first:
-                        result["compile_s"] += seconds  # the first call carries the JIT compile
-                        first = False
-                    check_flags(flags, where)
-                    self.check(out, got_inputs, pristine, expected, where, results[name])
-                finally:
-                    del got_inputs
-                    for r in regions:
-                        r.close()
-                self.call_bytes[name] = nbytes(pristine) + nbytes(expected)
-                del out, pristine, expected
-                self.phases["correctness"] += time.perf_counter() - t0
+                with self.share.hold(CHECKING):
+                    t0 = time.perf_counter()
+                    pristine = self.inputs(w, seed)
+                    expected = self.reference(pristine)
+                    self.phases["reference"] += time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    out, got_inputs, seconds, flags, regions = self.calls.call(
+                        name, pristine, expected, first, args.compile_timeout_s if first else args.call_timeout_s,
+                        where)
+                    try:
+                        if first:
+                            result["compile_s"] += seconds  # the first call carries the JIT compile
+                            first = False
+                        check_flags(flags, where)
+                        self.check(out, got_inputs, pristine, expected, where, results[name])
+                    finally:
+                        del got_inputs
+                        for r in regions:
+                            r.close()
+                    self.call_bytes[name] = nbytes(pristine) + nbytes(expected)
+                    del out, pristine, expected
+                    self.phases["correctness"] += time.perf_counter() - t0
             results[name]["correct"] = True
             if flags["reference_calls"]:
                 result.setdefault("flags", []).append("calls_reference")
 
         # 3. Timing.
         notes = []
-        with timing_lock(args.lock_dir, self.device):
+        with self.share.hold(TIMING):
             for w in timed:
                 name = w["name"]
                 progress(f"timing {name}")
@@ -454,7 +452,7 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
         # Before any candidate code runs: what earlier evaluations of this same source compiled (compile_cache.py).
         compile_cache.restore(args.cache_dir, source, session.cache)
         ahead = ahead or {}
-        judge = Judge(args, task, result, timings, runner_task, session.timer, ahead.get("timings"))
+        judge = Judge(args, task, result, timings, runner_task, session.timer, session.share, ahead.get("timings"))
         try:  # before any input exists: a workload whose copies cannot fit the judge stops here (input_sizes.py)
             # On a copy of the task's module: the meta pass would leave meta tensors in its caches (loaded blobs).
             sizing = load_module("ksearch_reference_sizes", os.path.join(task_dir, task["reference"]))
@@ -472,7 +470,10 @@ def evaluate(session: Session, args, timings: dict, result: dict, ahead: dict | 
         session.close()
         compile_cache.keep(args.cache_dir, source, session.cache)
         if judge is not None:
+            judge.phases["waiting_for_device"] = session.share.waited_s
             result["phases"] = {k: round(v, 4) for k, v in judge.phases.items()}
+            # every hold of this session's, the reference timed ahead and the candidate's process stopped included
+            result["device_spans"] = [[what, round(a, 4), round(b, 4)] for what, a, b in session.share.spans]
             if judge.measured:  # taken before candidate code ran: good for the next evaluation, pass or fail
                 result["reference_timings"] = {"key": judge.timings_key, "workloads": judge.measured}
 

@@ -17,7 +17,9 @@ checks anything (``candidate_calls.py``). The reference, the seeds and the compa
 reach them.
 
 Order of work:
-1. Start the candidate's process: it imports torch while we do, then waits. A parent may start both processes before
+1. Start the candidate's process: it imports torch while we do, then waits; both processes make their device
+   contexts and timers only while holding the device for it (``gpu_share.py``: never while another evaluation on
+   the same GPU is timed), and the candidate's process says it is loaded. A parent may start both processes before
    it has the job (``--job-from-stdin``): the imports then cost the evaluation nothing. Time the reference (and the
    task's baseline) on fresh inputs, holding the device's timing lock, while no candidate code has run; timings of an
    earlier evaluation of the same session are reused when the parent passes them in the job (same task code, same
@@ -37,7 +39,6 @@ Order of work:
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import os
 import sys
@@ -58,10 +59,11 @@ from ksearch_graph.harness.job import (  # noqa: E402
     JudgeOptions,
 )
 from ksearch_graph.harness.judge.evaluate import Judge, evaluate  # noqa: E402
+from ksearch_graph.harness.judge.gpu_share import TIMING  # noqa: E402
 from ksearch_graph.harness.judge.input_sizes import gib  # noqa: E402
 from ksearch_graph.harness.judge.memory_watch import MemoryWatch  # noqa: E402
 from ksearch_graph.harness.judge.results import new_result, write_signed  # noqa: E402
-from ksearch_graph.harness.judge.session import JobWatch, Session, read_job, timing_lock  # noqa: E402
+from ksearch_graph.harness.judge.session import JobWatch, Session, read_job  # noqa: E402
 from ksearch_graph.harness.reporting import Failure, clip, progress  # noqa: E402
 from ksearch_graph.harness.tasks import read_task  # noqa: E402
 
@@ -94,8 +96,8 @@ def time_reference_ahead(session: Session, args, job: JobWatch) -> dict:
     progress(AHEAD)
     try:
         task = read_task(args.task, args.workloads.split(",") if args.workloads else None)
-        judge = Judge(args, task, {}, {}, None, session.timer)
-        with timing_lock(args.lock_dir, judge.device):
+        judge = Judge(args, task, {}, {}, None, session.timer, session.share)
+        with judge.share.hold(TIMING):
             for w in task["workloads"]:
                 if w["timed"] and job.at is None:
                     judge.time_reference(w)
@@ -127,9 +129,7 @@ def main(argv: list[str] | None = None, network: str = "no (started in-process)"
 
         waiting = not select.select([sys.stdin], [], [], 0)[0]
         if waiting:
-            if session is not None:  # ready means both processes are: its "loaded" stays unread for run()
-                with contextlib.suppress(Failure):
-                    session.runner.wait(args.compile_timeout_s)
+            if session is not None:  # both processes are ready: Session waited for the candidate's "loaded"
                 if args.time_reference_ahead and args.task:
                     job = JobWatch(args.standby_limit_s)
                     ahead = time_reference_ahead(session, args, job)
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None, network: str = "no (started in-process)"
         if waiting:  # started ahead of time: the evaluation's clock starts when the job came, imports were off it
             start = job.at if job is not None and job.at is not None else time.perf_counter()
             if session is not None:
-                session.phases = {"spawn": 0.0, "imports": 0.0}
+                session.phases = {"spawn": 0.0, "imports": 0.0, "waiting_for_runner": 0.0}
             prestarted = True
     try:
         if early is not None:

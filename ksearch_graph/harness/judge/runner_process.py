@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from ksearch_graph.harness.job import RUNNER_DIED
+from ksearch_graph.harness.job import RUNNER_DIED, STARTING_RUNNER
 from ksearch_graph.harness.judge.cgroup import CpuAccount, CpuGroup, ProcessTree
 from ksearch_graph.harness.judge.sandbox import CACHE, Sandbox
 from ksearch_graph.harness.reporting import PROGRESS, Failure
@@ -44,7 +44,7 @@ class RunnerProcess:
         theirs.close()
         self.account.attach(self.proc.pid)
         self.channel = Channel(ours)
-        self.phase = "start-up"
+        self.phase = STARTING_RUNNER  # a death before its "loaded" is never the candidate's doing
 
     def request(self, msg: tuple | None, timeout_s: float, phase: str, expect: type | tuple = object,
                 fds: tuple[int, ...] = ()) -> tuple:

@@ -11,30 +11,18 @@ import time
 
 from ksearch_graph.harness._torch import load_torch
 from ksearch_graph.harness.isolation import kill_descendants
-from ksearch_graph.harness.job import Job
+from ksearch_graph.harness.job import STARTING_RUNNER, Job
+from ksearch_graph.harness.judge.gpu_share import STARTING, STOPPING, DeviceShare
 from ksearch_graph.harness.judge.runner_process import RunnerProcess
 from ksearch_graph.harness.judge.sandbox import Sandbox
+from ksearch_graph.harness.reporting import Failure
 from ksearch_graph.harness.timer import Timer
+from ksearch_graph.harness.wire import Begin, Loaded
 
 SEED_ENV = "KSEARCH_EVAL_SEED"
 # A file the judge appends every burst's timed calls to, one JSON line each (who, workload, first call, [device us,
 # tail us, probe us, host us] per call): for diagnosing the timing (tools/diagnostics/).
 TRACE_ENV = "KSEARCH_TIMING_TRACE"
-
-
-@contextlib.contextmanager
-def timing_lock(lock_dir: str, device: str):
-    """One timed candidate per device at a time, across every evaluation on this host."""
-    import fcntl
-
-    name = load_torch().cuda.get_device_properties(0).uuid if device == "cuda" else "cpu"
-    os.makedirs(lock_dir, exist_ok=True)
-    with open(os.path.join(lock_dir, f"ksearch-timing-{name}.lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def environment(device: str) -> dict:
@@ -96,6 +84,7 @@ class Session:
         # source left (compile_cache.py), filled once the job names the candidate.
         self.cache = args.eval_cache or tempfile.mkdtemp(prefix="ksearch-cache-", dir=private_tmp)
         self.sandbox = Sandbox(None if args.sandbox == "none" else "bwrap")
+        self.share: DeviceShare | None = None
         t0 = time.perf_counter()
         # The candidate's process first: its torch import (seconds) overlaps ours. It picks its device the way we do
         # below, and says which in its "loaded".
@@ -111,19 +100,35 @@ class Session:
             # CPU timings only order candidates, so make them steady: on a busy machine an OpenMP barrier waiting
             # for a descheduled worker thread adds a whole scheduler tick (~8 ms) to a 10 us torch call.
             torch.set_num_threads(1)
-        # The judge's timer (the CUDA context, its flush buffer, NVML, the launch cover) and cuBLAS, made here as the
-        # runner makes its own before it says "loaded": a process started ahead of its job has them off the
-        # evaluation's clock (docs/timing.md, "Other costs measured").
-        self.timer = Timer(self.device)
-        if self.device == "cuda":
-            warm = torch.ones(64, 64, device=self.device)
-            (warm @ warm).sum().item()
-        self.environment = environment(self.device) | {"isolation": self.sandbox.isolation,
-                                                       "cpu_accounting": self.runner.account.kind}
         self.phases["imports"] = time.perf_counter() - t0
+        self.share = DeviceShare(args.lock_dir, self.device)
+        t0 = time.perf_counter()
+        try:
+            # Both processes touch the device (contexts, the timers' buffers, the launch cover) only while this
+            # evaluation holds it for checking: never while another evaluation on it is timed.
+            with self.share.hold(STARTING):
+                self.runner.send(Begin())
+                # The judge's timer (its flush buffer, NVML, the launch cover) and cuBLAS, made here as the runner
+                # makes its own: a process started ahead of its job has them off the evaluation's clock
+                # (docs/timing.md, "Other costs measured").
+                self.timer = Timer(self.device)
+                if self.device == "cuda":
+                    warm = torch.ones(64, 64, device=self.device)
+                    (warm @ warm).sum().item()
+                info = self.runner.request(None, args.compile_timeout_s, STARTING_RUNNER, expect=Loaded).info
+        except BaseException:
+            self.close()
+            raise
+        if info.pop("device") != self.device:
+            self.close()
+            raise Failure("runtime_error", "the candidate's process and the judge see different devices")
+        self.phases["waiting_for_runner"] = time.perf_counter() - t0
+        self.environment = environment(self.device) | info | {"isolation": self.sandbox.isolation,
+                                                              "cpu_accounting": self.runner.account.kind}
 
     def close(self) -> None:
-        self.runner.stop()
+        with self.share.hold(STOPPING) if self.share is not None else contextlib.nullcontext():
+            self.runner.stop()  # its context goes with it: device work, as its making was
         if sys.platform.startswith("linux"):
             kill_descendants()
 
