@@ -56,6 +56,15 @@ def test_pool_overlaps_evaluations_and_never_a_slot_with_itself(softmax_task):
     assert any(a.slot != b.slot and a.start < b.end and b.start < a.end for a in intervals for b in intervals), \
         "no two evaluations ran at the same time"
     assert 0.5 < pool.utilisation(min(i.start for i in intervals), max(i.end for i in intervals)) <= 1.0
+    # The slots share the host's device ("cpu") as lanes share a GPU: no evaluation's timing overlaps any hold of
+    # another's (gpu_share.py); every evaluation held it to start, check, time and stop.
+    spans = {i: r.device_spans for i, r in results.items()}
+    assert all({"starting", "checking", "timing", "stopping"} <= {s[0] for s in ss} for ss in spans.values()), spans
+    for i, ours in spans.items():
+        for what, a, b in ours:
+            if what == "timing":
+                others = [s for j, ss in spans.items() if j != i for s in ss]
+                assert not any(a < y and x < b for _, x, y in others), f"a timing overlapped another hold: {spans}"
 
 
 def test_pool_options_are_checked(tmp_path):
@@ -152,3 +161,48 @@ def test_rolling_lanes_on_the_pool_survive_kill9_and_branch_from_a_merge(tmp_pat
     assert kept == {"seed", first["checkpoint"].split(":")[1]}
     branched = json.loads(run_cli("show", str(tmp_path / "b"), "--json", check=True).stdout)
     assert branched["iterations_done"] == first["iteration"]
+
+
+def test_lanes_share_a_gpu_and_leave_the_pool_with_it(monkeypatch):
+    from ksearch_graph.harness.parent import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "visible_gpus", lambda: [("0", "NVIDIA H100"), ("1", "NVIDIA H100")])
+    pool = local_pool(lambda env: env["CUDA_VISIBLE_DEVICES"], lanes=2)
+    assert [s.name for s in pool.slots] == ["gpu0.0", "gpu0.1", "gpu1.0", "gpu1.1"]
+    assert [s.evaluator for s in pool.slots] == ["0", "0", "1", "1"]
+    gpu0, other_lane = pool.slots[0], pool.slots[1]
+    assert pool.lanes_of(gpu0) == [gpu0, other_lane]
+    # gpu0.0 breaks its GPU while gpu0.1 evaluates: both lanes leave; the recheck returns the idle one at once and
+    # the busy one only when its evaluation ends (never lent twice).
+    checks = []
+    monkeypatch.setattr(pool, "check", lambda slot: checks.append(slot.name) or True)
+    pool.recheck_s = 0.05
+    leased = [pool._lease() for _ in range(2)]
+    assert [s.name for s in leased] == ["gpu0.0", "gpu0.1"]
+    pool._give_back(gpu0, pool_module.Interval(gpu0.name, "a", 0.0, 1.0), healthy=False)
+    assert {s.name for s in pool._free} == {"gpu1.0", "gpu1.1"} and not other_lane.healthy
+    deadline = time.monotonic() + 5
+    while gpu0 not in pool._free and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert gpu0 in pool._free and other_lane not in pool._free and checks == ["gpu0.0"]
+    pool._give_back(other_lane, pool_module.Interval(other_lane.name, "b", 0.0, 1.0), healthy=True)
+    assert other_lane in pool._free
+
+
+def test_lanes_per_gpu_option(tmp_path, monkeypatch):
+    from ksearch_graph.config import SearchConfig
+    from ksearch_graph.harness.parent import pool as pool_module
+    from ksearch_graph.harness.parent.make_pool import PoolOptions, lanes_for, make_pool
+
+    assert lanes_for(SearchConfig()) == 1 and lanes_for(SearchConfig(parallel_cycles=4, samples=2)) == 4
+    proc = run_cli("run", str(SOFTMAX), "--offline", "--iterations", "1", "--lanes-per-gpu", "0",
+                   "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "--lanes-per-gpu: 0: must be at least 1" in proc.stderr, proc.stderr
+    # A GPU's lanes time its reference once between them: their evaluators share the kept timings.
+    monkeypatch.setattr(pool_module, "visible_gpus", lambda: [("0", "NVIDIA H100"), ("1", "NVIDIA H100")])
+    pool = make_pool(PoolOptions(lanes_per_gpu=3), SearchConfig(), None)
+    try:
+        kept = [s.evaluator._timings for s in pool.slots]
+        assert kept[0] is kept[1] is kept[2] and kept[3] is kept[4] is kept[5] and kept[0] is not kept[3]
+    finally:
+        pool.close()

@@ -78,6 +78,9 @@ def _add_pool_options(p: argparse.ArgumentParser) -> None:
                                   "on Ray: how many of the cluster's GPUs to use at once, e.g. 4")
     g.add_argument("--cpu-slots", type=_positive_int, metavar="N",
                    help="without a GPU: evaluations at once (default: half the cores; on Ray: the cluster's CPUs)")
+    g.add_argument("--lanes-per-gpu", type=_positive_int, metavar="N",
+                   help="evaluations at once on one GPU: one times while the others start, compile and check "
+                        "(default: k x samples, at most 4)")
     g.add_argument("--ray", action="store_true", help="evaluate on Ray (a local Ray unless --ray-address is given)")
     g.add_argument("--ray-address", help="evaluate on this Ray cluster: auto | ray://HOST:PORT (implies --ray)")
     g.add_argument("--gpu-model", help="Ray: run on GPUs of this accelerator type only (needed on a mixed cluster)")

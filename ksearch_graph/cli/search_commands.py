@@ -36,7 +36,7 @@ def _pool_options(args):
     from ksearch_graph.harness.parent.make_pool import PoolOptions
 
     return PoolOptions(gpus=args.gpus, cpu_slots=args.cpu_slots, ray=args.ray, ray_address=args.ray_address,
-                       gpu_model=args.gpu_model)
+                       gpu_model=args.gpu_model, lanes_per_gpu=args.lanes_per_gpu)
 
 
 def _make_evaluator(options, config: SearchConfig, task):

@@ -24,8 +24,9 @@ from typing import Any, Literal
 
 from ksearch_graph.harness import compile_cache
 from ksearch_graph.harness.job import AHEAD, RECEIVED, RESULT_KEY_ENV, WAITING, Job, JudgeOptions, progress_line
+from ksearch_graph.harness.judge.gpu_share import WAITING_FOR_GPU
 from ksearch_graph.harness.judge.sandbox import unavailable_reason
-from ksearch_graph.harness.parent.failures import CANNOT_START, JUDGE_LOST, UNREADABLE
+from ksearch_graph.harness.parent.failures import CANNOT_START, JUDGE_LOST, UNREADABLE, infrastructure_error
 from ksearch_graph.harness.reporting import PROGRESS
 from ksearch_graph.tasks.evaluation import EvalResult, Status
 from ksearch_graph.tasks.task import Task
@@ -143,7 +144,8 @@ class SubprocessEvaluator:
         # candidate could write; the child reuses an entry only for the same task code, workload, GPU and torch.
         self.reuse_reference_timings_s = reuse_reference_timings_s
         self._timings: dict[tuple, dict] = {}  # (task root, visible GPUs) -> {"key", "workloads": {name: entry}}
-        self._lock = threading.Lock()  # timings and standby: the graph may evaluate from several threads
+        self._timings_lock = threading.Lock()  # its own: share_reference_timings lends both to other evaluators
+        self._lock = threading.Lock()  # the standby: the graph may evaluate from several threads
         # Start the next evaluation's two processes as soon as one ends (and on start_ahead()), so their imports
         # (torch, CUDA: seconds on a GPU host) happen while the search waits for its LLM, not while it waits for a
         # result. Each evaluation still gets fresh processes. Default: on GPU hosts (on a small CPU machine they
@@ -292,6 +294,9 @@ class SubprocessEvaluator:
         started.died_waiting = not out.is_file() and (bool(refused) or (
             progress_line(RECEIVED) not in stderr_text and (_last_step(stderr_text) == WAITING
                                                          or progress_line(AHEAD) in stderr_text)))
+        if not finished and _last_step(stderr_text) == WAITING_FOR_GPU:  # other evaluations held the GPU
+            return infrastructure_error(f"timed out after {self.timeout_s:g} s waiting for the GPU, which other "
+                                        "evaluations were timing on", "raise --eval-timeout, or lower --lanes-per-gpu")
         if not finished:
             return EvalResult(
                 status=Status.timeout,
@@ -327,8 +332,13 @@ class SubprocessEvaluator:
     def _timings_slot(self, task: Task) -> tuple:
         return task.root, self.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
 
+    def share_reference_timings(self, other: SubprocessEvaluator) -> None:
+        """Reuse ``other``'s reference timings, and give it ours: evaluators of one GPU (a pool's lanes) then time
+        the reference once between them, not once each."""
+        self._timings, self._timings_lock = other._timings, other._timings_lock
+
     def _reusable_timings(self, slot: tuple) -> dict:
-        with self._lock:
+        with self._timings_lock:
             kept = self._timings.get(slot)
             if not kept or self.reuse_reference_timings_s <= 0:
                 return {}
@@ -340,7 +350,7 @@ class SubprocessEvaluator:
     def _keep_timings(self, slot: tuple, measured: dict) -> None:
         if not measured or self.reuse_reference_timings_s <= 0:
             return
-        with self._lock:
+        with self._timings_lock:
             kept = self._timings.get(slot)
             if kept is None or kept["key"] != measured["key"]:  # the task's code or the GPU changed: start over
                 kept = self._timings[slot] = {"key": measured["key"], "workloads": {}}

@@ -22,6 +22,17 @@ class PoolOptions:
     ray: bool = False
     ray_address: str | None = None  # "auto" | "ray://HOST:PORT"; None with ray: a local Ray
     gpu_model: str | None = None  # Ray: the accelerator type to run on (a mixed cluster needs it)
+    lanes_per_gpu: int | None = None  # evaluations at once on one GPU; None: lanes_for(config)
+
+
+MAX_DEFAULT_LANES = 4
+
+
+def lanes_for(config: SearchConfig) -> int:
+    """Evaluations at once on one GPU by default: as many as the search issues at once (k cycles x samples), at most
+    four. One lane times while the others start, import, compile and check (harness/judge/gpu_share.py); each lane
+    holds two prestarted processes with a CUDA context (about 0.5 GB of GPU memory each)."""
+    return max(1, min(MAX_DEFAULT_LANES, config.parallel_cycles * config.samples))
 
 
 def evaluator_settings(config: SearchConfig) -> dict:
@@ -32,15 +43,20 @@ def evaluator_settings(config: SearchConfig) -> dict:
 
 def make_pool(options: PoolOptions, config: SearchConfig, task: Task | None = None) -> Evaluator:
     settings = evaluator_settings(config)
+    lanes = options.lanes_per_gpu or lanes_for(config)
     if options.ray or options.ray_address:
         from ksearch_graph.harness.parent.ray_pool import RayPool
 
         return RayPool.connect(options.ray_address, settings=settings, gpu_model=options.gpu_model,
-                               cpu_slots=options.cpu_slots, gpus=ray_gpu_count(options.gpus))
+                               cpu_slots=options.cpu_slots, gpus=ray_gpu_count(options.gpus), lanes=lanes)
     from ksearch_graph.harness.parent.pool import local_pool
 
     pool = local_pool(lambda env: SubprocessEvaluator(**settings, env=env), gpus=options.gpus,
-                      cpu_slots=options.cpu_slots)
+                      cpu_slots=options.cpu_slots, lanes=lanes)
+    for slot in pool.slots:  # a GPU's lanes time its reference once between them
+        first = pool.lanes_of(slot)[0]
+        if first is not slot:
+            slot.evaluator.share_reference_timings(first.evaluator)
     # On a GPU host: the first evaluations' torch imports and reference timings overlap the first LLM turns.
     pool.start_ahead(task)
     return pool

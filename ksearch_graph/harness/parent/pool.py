@@ -5,6 +5,10 @@ GPU (``CUDA_VISIBLE_DEVICES``), so timing on one GPU never waits for another; ea
 ``SubprocessEvaluator`` and so its own reference timings and prestarted processes. Callers evaluate from several
 threads at once (the graph's parallel cycles and samples); a caller waits while every slot is lent.
 
+A GPU may have several slots (``lanes``): their evaluations start, import, compile and check side by side while
+one of them times, so the GPU is not idle between timings. The judges share the GPU by its own locks
+(harness/judge/gpu_share.py): timing alone, correctness checks together.
+
 A candidate that breaks its GPU (an illegal address, a hang killed at the timeout) costs only its own lease: before
 that GPU is lent again a fresh process runs a tiny CUDA operation on it; a GPU that fails the check stays out of the
 pool and is checked again every ``recheck_s``.
@@ -68,6 +72,7 @@ class EvaluationPool:
         if not self.slots:
             raise PoolError("an evaluation pool needs at least one slot")
         self._free = list(self.slots)
+        self._leased: set[str] = set()  # names of the slots evaluating now
         self._cond = threading.Condition()
         self._closed = False
         self.started = time.monotonic()
@@ -93,6 +98,10 @@ class EvaluationPool:
             result.environment["gpu_checked_after"] = "healthy" if healthy else "failed; taken out of the pool"
         self._give_back(slot, Interval(slot.name, attempt_id, start, end), healthy)
         return result
+
+    def lanes_of(self, slot: Slot) -> list[Slot]:
+        """The slots that share ``slot``'s GPU (itself alone for a CPU slot)."""
+        return [s for s in self.slots if s is slot or (slot.gpu is not None and s.gpu == slot.gpu)]
 
     def check(self, slot: Slot) -> bool:
         """A tiny CUDA operation on the slot's GPU, in a fresh process: True if it works."""
@@ -126,15 +135,22 @@ class EvaluationPool:
                 if not any(s.healthy for s in self.slots):
                     return None
                 self._cond.wait()
-            return self._free.pop(0)
+            slot = self._free.pop(0)
+            self._leased.add(slot.name)
+            return slot
 
     def _give_back(self, slot: Slot, interval: Interval, healthy: bool) -> None:
         with self._cond:
             self.intervals.append(interval)
             slot.busy_s += interval.end - interval.start
-            slot.healthy = healthy
-            if healthy:
+            self._leased.discard(slot.name)
+            if healthy and slot.healthy:
                 self._free.append(slot)
+            elif not healthy:  # the GPU is out, with every lane on it; lanes still evaluating stay out when done
+                for lane in self.lanes_of(slot):
+                    lane.healthy = False
+                    if lane in self._free:
+                        self._free.remove(lane)
             self._cond.notify_all()
         if not healthy:
             threading.Thread(target=self._recheck, args=(slot,), daemon=True).start()
@@ -144,8 +160,10 @@ class EvaluationPool:
             time.sleep(self.recheck_s)
             if self.check(slot):
                 with self._cond:
-                    slot.healthy = True
-                    self._free.append(slot)
+                    for lane in self.lanes_of(slot):  # a lane still evaluating comes back when it is done
+                        lane.healthy = True
+                        if lane not in self._free and lane.name not in self._leased:
+                            self._free.append(lane)
                     self._cond.notify_all()
                 return
 
@@ -199,9 +217,11 @@ def parse_gpus(text: str) -> list[str]:
 
 
 def local_pool(make_evaluator: Callable[[dict[str, str]], Evaluator], *, gpus: str | None = None,
-               cpu_slots: int | None = None) -> EvaluationPool:
-    """One slot per chosen visible GPU (``gpus`` "0,1,3"; default all), or ``cpu_slots`` CPU slots without a GPU.
-    ``make_evaluator(env)`` builds a slot's evaluator with the environment its evaluations get."""
+               cpu_slots: int | None = None, lanes: int = 1) -> EvaluationPool:
+    """``lanes`` slots per chosen visible GPU (``gpus`` "0,1,3"; default all), or ``cpu_slots`` CPU slots without a
+    GPU. ``make_evaluator(env)`` builds a slot's evaluator with the environment its evaluations get."""
+    if lanes < 1:
+        raise PoolError(f"--lanes-per-gpu must be at least 1, not {lanes}")
     found = visible_gpus()
     if gpus is not None:
         wanted = parse_gpus(gpus)
@@ -219,7 +239,9 @@ def local_pool(make_evaluator: Callable[[dict[str, str]], Evaluator], *, gpus: s
                             f"cannot be compared within one search. Choose one model: {listing}")
         if cpu_slots is not None:
             raise PoolError("--cpu-slots is for machines without a GPU; choose GPUs with --gpus")
-        return EvaluationPool([Slot(f"gpu{i}", m, i, make_evaluator({"CUDA_VISIBLE_DEVICES": i})) for i, m in found])
+        return EvaluationPool([Slot(f"gpu{i}" if lanes == 1 else f"gpu{i}.{lane}", m, i,
+                                    make_evaluator({"CUDA_VISIBLE_DEVICES": i}))
+                               for i, m in found for lane in range(lanes)])
     if cpu_slots is not None and cpu_slots < 1:
         raise PoolError(f"--cpu-slots must be at least 1, not {cpu_slots}")
     n = cpu_slots or default_cpu_slots()

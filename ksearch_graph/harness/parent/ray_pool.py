@@ -58,9 +58,12 @@ class RayPool:
 
     @classmethod
     def connect(cls, address: str | None, *, settings: dict, gpu_model: str | None = None,
-                cpu_slots: int | None = None, gpus: int | None = None) -> RayPool:
+                cpu_slots: int | None = None, gpus: int | None = None, lanes: int = 1) -> RayPool:
         """Join the Ray cluster at ``address`` ("auto", "ray://HOST:PORT", or a GCS "HOST:PORT"); None starts a local
-        Ray (unless this process already joined one). ``gpus`` and ``cpu_slots`` cap the evaluations at once."""
+        Ray (unless this process already joined one). ``gpus`` and ``cpu_slots`` cap the evaluations at once;
+        ``lanes`` evaluations share a GPU (a fraction of it each, as Ray counts; gpu_share.py orders their timing)."""
+        if lanes < 1:
+            raise PoolError(f"--lanes-per-gpu must be at least 1, not {lanes}")
         try:
             import ray
         except ImportError:
@@ -93,11 +96,12 @@ class RayPool:
                                 "with --gpu-model " + types[0])
             if gpu_model is not None and gpu_model not in types:
                 raise PoolError(f"--gpu-model {gpu_model}: the cluster has {', '.join(types) or 'no typed GPUs'}")
-            options = {"num_gpus": 1} | ({"accelerator_type": gpu_model} if gpu_model else {})
+            options = {"num_gpus": 1 / lanes} | ({"accelerator_type": gpu_model} if gpu_model else {})
             model = gpu_model or (types[0] if types else "gpu")
             slots = int(resources.get(f"accelerator_type:{gpu_model}", cluster_gpus)) if gpu_model else cluster_gpus
             if gpus is not None:
                 slots = min(slots, gpus)
+            slots *= lanes
         else:
             if gpus is not None:
                 raise PoolError(f"--gpus {gpus}: the Ray cluster has no GPUs (--cpu-slots caps CPU evaluations)")
