@@ -104,8 +104,8 @@ class Session:
         self.share = DeviceShare(args.lock_dir, self.device)
         t0 = time.perf_counter()
         try:
-            # Both processes touch the device (contexts, the timers' buffers, the launch cover) only while this
-            # evaluation holds it for checking: never while another evaluation on it is timed.
+            # Both processes touch the device (contexts, the timers' buffers, the launch cover) only under this
+            # shared hold: never while another evaluation on it is timed.
             with self.share.hold(STARTING):
                 self.runner.send(Begin())
                 # The judge's timer (its flush buffer, NVML, the launch cover) and cuBLAS, made here as the runner

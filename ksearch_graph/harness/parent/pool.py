@@ -7,7 +7,7 @@ threads at once (the graph's parallel cycles and samples); a caller waits while 
 
 A GPU may have several slots (``lanes``): their evaluations start, import, compile and check side by side while
 one of them times, so the GPU is not idle between timings. The judges share the GPU by its own locks
-(harness/judge/gpu_share.py): timing alone, correctness checks together.
+(harness/judge/gpu_share.py): timing alone, everything else that touches the GPU side by side.
 
 A candidate that breaks its GPU (an illegal address, a hang killed at the timeout) costs only its own lease: before
 that GPU is lent again a fresh process runs a tiny CUDA operation on it; a GPU that fails the check stays out of the
