@@ -435,7 +435,7 @@ def test_reference_timings_are_measured_once_per_session(tmp_path):
 
 def test_prestarted_evaluations_are_fresh_processes_whose_imports_cost_nothing(tmp_path):
     """With prestart an evaluation's processes start (and import torch) on start_ahead() (a search calls it as it
-    starts) and as soon as one evaluation ends; the next evaluate() hands them the job. A prestarted pair that died
+    starts) and as soon as an evaluation starts; the next evaluate() hands them the job. A prestarted pair that died
     is replaced; close() leaves nothing behind."""
     task = write_task(tmp_path / "task")
     work = tmp_path / "work"

@@ -146,9 +146,9 @@ class SubprocessEvaluator:
         self._timings: dict[tuple, dict] = {}  # (task root, visible GPUs) -> {"key", "workloads": {name: entry}}
         self._timings_lock = threading.Lock()  # its own: share_reference_timings lends both to other evaluators
         self._lock = threading.Lock()  # the standby: the graph may evaluate from several threads
-        # Start the next evaluation's two processes as soon as one ends (and on start_ahead()), so their imports
-        # (torch, CUDA: seconds on a GPU host) happen while the search waits for its LLM, not while it waits for a
-        # result. Each evaluation still gets fresh processes. Default: on GPU hosts (on a small CPU machine they
+        # Start the next evaluation's two processes as soon as one starts (and on start_ahead()), so their imports
+        # (torch, CUDA: seconds on a GPU host) happen while an evaluation runs or the search waits for its LLM, not
+        # while it waits for a result. Each evaluation still gets fresh processes. Default: on GPU hosts (on a small CPU machine they
         # would compete for cores).
         self.prestart = gpu_driver_present() if prestart is None else prestart
         self._standby: list[_Started] = []  # at most one, handed to the next evaluate()
@@ -174,6 +174,8 @@ class SubprocessEvaluator:
         with self._lock:
             started = self._standby.pop() if self._standby else None
             generation = self._generation
+        if self.prestart:  # the next pair imports while this evaluation runs (a search with no LLM wait needs it)
+            self._refill(generation, time_ahead=False)
         if started is not None and started.proc.poll() is not None:  # it gave up waiting, or died
             started.discard()
             started = None
@@ -219,12 +221,14 @@ class SubprocessEvaluator:
             time.sleep(0.1)
         return False
 
-    def _refill(self, generation: int) -> None:
+    def _refill(self, generation: int, time_ahead: bool = True) -> None:
+        """A standby pair, unless one waits already. ``time_ahead``: it may time the task's reference while it waits
+        (not while an evaluation that is about to time it runs)."""
         with self._lock:
             if self._standby or generation != self._generation:
                 return
         try:
-            fresh = self._start()
+            fresh = self._start(time_ahead)
         except OSError:
             return
         with self._lock:
@@ -233,8 +237,9 @@ class SubprocessEvaluator:
             else:
                 self._standby.append(fresh)
 
-    def _start(self) -> _Started:
-        """Start an evaluation's processes: they import torch, then wait for the job on stdin."""
+    def _start(self, time_ahead: bool = False) -> _Started:
+        """Start an evaluation's processes: they import torch, then wait for the job on stdin (``time_ahead``: timing
+        the reference of start_ahead()'s task meanwhile, where no reusable timing of it is held)."""
         root = Path(tempfile.mkdtemp(prefix="ksearch-eval-", dir=self.workdir))
         candidate, cache = root / "candidate", root / "cache"
         candidate.mkdir()
@@ -246,7 +251,7 @@ class SubprocessEvaluator:
             compile_timeout_s=self.compile_timeout_s, call_timeout_s=self.call_timeout_s, cache_dir=self.cache_dir,
             lock_dir=str(Path(tempfile.gettempdir())), memory_limit_gb=self.memory_limit_gb,
             no_network_isolation=not self.isolate_network)
-        ahead = self._ahead_task if self.prestart else None  # else the job is sent at once: no wait to use
+        ahead = self._ahead_task if self.prestart and time_ahead else None  # else the job comes at once: no wait
         if ahead is not None and not self._reusable_timings(self._timings_slot(ahead)):
             options.task, options.workloads, options.time_reference_ahead = ahead.root, self._job_workloads(ahead), True
         cmd = [self.python, str(_CHILD), *options.command_line()]
