@@ -96,6 +96,7 @@ class Judge:
         self.power_limited = {}  # per workload: the candidate's heat found the GPU at its power limit
         self.calibrations: dict[str, time_bound.Calibration | None] = {}  # per timed workload (time_bound.py)
         self.device_floor_us: dict[str, float] = {}  # per timed workload (calibrate)
+        self.overheads: dict[str, list[float]] = {}  # per timed workload: its calibration calls' (calibrate)
         self.calls: CandidateCalls | None = None  # made in run(), with the candidate's process
 
     def inputs(self, w: dict, seed: int):
@@ -174,7 +175,8 @@ class Judge:
         calls = self.calls.calibrate(w["name"], inputs, expected, POLICY.calibration_calls,
                                      self.args.call_timeout_s)
         overheads = time_bound.overheads_us([c.span_us for c in calls], [c.times[0] for c in calls])
-        self.calibrations[w["name"]] = time_bound.calibrate(overheads[1:] or overheads, cpu=self.device != "cuda")
+        self.overheads[w["name"]] = overheads[1:] or overheads
+        self.calibrations[w["name"]] = time_bound.calibrate(self.overheads[w["name"]], cpu=self.device != "cuda")
         # The device time of a timed call that does nothing: what every timed call carries besides its work.
         self.device_floor_us[w["name"]] = min((c.times[0] for c in calls), default=0.0)
         self.timing_trace.write("calibration", w["name"], 0, [c.times for c in calls],
@@ -355,6 +357,8 @@ class Judge:
             for w in timed:
                 progress(f"calibrating the judge's clock on {w['name']}")
                 self.calibrate(w)
+        if self.device == "cuda":  # CPU time of the candidate's tree does not drift so (time_bound.pooled)
+            self.calibrations = time_bound.pooled(self.calibrations, self.overheads)
 
         t0 = time.perf_counter()
         progress("importing the candidate")

@@ -27,7 +27,7 @@ length are in docs/threat-model.md ("The bound, by call length") and BENCHMARKS.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ksearch_graph.harness.policy import POLICY
 
@@ -75,6 +75,20 @@ def calibrate(overheads: list[float], cpu: bool = False) -> Calibration | None:
     device = (POLICY.bound_rel_slack_cpu, POLICY.bound_quantile_cpu, POLICY.bound_overhead_slack_cpu) if cpu else (
         POLICY.bound_rel_slack, POLICY.bound_quantile, POLICY.bound_overhead_slack)
     return Calibration(median, noise, ordered[-1] - median, *device)
+
+
+def pooled(calibrations: dict[str, Calibration | None], overheads: dict[str, list[float]]) -> dict:
+    """Each workload's calibration with its spread widened to the spread of every calibration call of the evaluation
+    (their 90th percentile minus their median), where that is larger. On a GPU host the steps around a call (mapping
+    the lent memory, the round trip) drift by a few hundred us between one moment and the next, across workloads
+    alike; eight calls of one workload see too little of that, and an honest call timed later would exceed its floor
+    (docs/threat-model.md, "The bound, by call length")."""
+    every = sorted(o for values in overheads.values() for o in values)
+    if len(every) < 2:
+        return dict(calibrations)
+    spread = every[min(len(every) - 1, int(0.9 * len(every)))] - statistics.median(every)
+    return {name: cal if cal is None or cal.noise_us >= spread else replace(cal, noise_us=spread)
+            for name, cal in calibrations.items()}
 
 
 def device_floor_us(interval_us: float, cal: Calibration) -> float:
