@@ -4,7 +4,9 @@ Passed to the graph as LangGraph's runtime context (``graph.stream(..., context=
 never checkpointed: on resume it is rebuilt from the run directory (``make_context``). A LangGraph
 server can only pass JSON, so there a run passes a ``ServerRunContext`` naming its task and run
 directory, and ``search_context`` resolves it into a ``SearchContext`` here, once per run directory.
-This is the one place a search context is built; the CLI, the server and the nodes only ask for it.
+This is the one place a search context is built; the CLI, the server and the nodes only ask for it. How a served
+run's directory and pool are opened is ``ServerRunContext.open_run``'s: the app's subclass (app/launch.py) checks
+the pool and the task first, as the CLI does.
 """
 
 from __future__ import annotations
@@ -117,6 +119,21 @@ class ServerRunContext:
     options: dict[str, Any] = field(default_factory=dict)
     allow_gpu_change: bool = False  # resume a run on another GPU model than its scores were measured on
 
+    def open_run(self) -> tuple[RunDir, Evaluator | None]:
+        """The run directory, held for writing (created on a thread's first run), and the evaluator its search uses
+        (None: make_context's local pool). This room opens it unchecked; the app's subclass preflights."""
+        path = Path(self.run_dir).resolve()
+        if (path / RUN_FILE).exists():
+            run = RunDir.open(path, writer=True)
+            if "budget" in self.options:
+                try:
+                    take_budget(run, self.options["budget"])
+                except BaseException:
+                    run.lock and run.lock.release()
+                    raise
+            return run, None
+        return RunDir.create(path, self.task, SearchConfig.model_validate(self.options), writer=True), None
+
 
 _server_contexts: dict[str, SearchContext] = {}
 _server_runs: dict[str, RunDir] = {}
@@ -131,26 +148,23 @@ def context_for(ctx: ServerRunContext | dict) -> SearchContext:
     with _server_lock:
         if key not in _server_contexts:
             # The server process is the run directory's one writer while it serves it (run_lock.py).
-            if (Path(key) / RUN_FILE).exists():
-                run = RunDir.open(key, writer=True)
-                if "budget" in ctx.options:
-                    _take_budget(run, ctx.options["budget"])
-            else:
-                run = RunDir.create(key, ctx.task, SearchConfig.model_validate(ctx.options), writer=True)
+            run, evaluator = ctx.open_run()
             try:
-                _server_contexts[key] = make_context(run, allow_gpu_change=ctx.allow_gpu_change)
+                _server_contexts[key] = make_context(run, evaluator=evaluator, allow_gpu_change=ctx.allow_gpu_change)
             except BaseException:
+                if evaluator is not None:
+                    getattr(evaluator, "close", lambda: None)()
                 run.lock and run.lock.release()  # refused (another GPU model) or broken: the directory is not served
                 raise
             _server_runs[key] = run
             if _server_contexts[key].gpu_note:
                 logging.getLogger(__name__).warning(_server_contexts[key].gpu_note)
         elif "budget" in ctx.options:
-            _take_budget(_server_runs[key], ctx.options["budget"])
+            take_budget(_server_runs[key], ctx.options["budget"])
         return _server_contexts[key]
 
 
-def _take_budget(run: RunDir, fields: dict[str, Any]) -> None:
+def take_budget(run: RunDir, fields: dict[str, Any]) -> None:
     """A later run of a served directory (a resume, a fork) moves the run's budget, as `ksearch resume
     --iterations` does: budgets are the run's, counted from its store over every path, so a fork needs room."""
     budget = Budget.model_validate({**run.config.budget.model_dump(), **fields})
