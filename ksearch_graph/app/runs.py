@@ -1,6 +1,7 @@
 """Driving a search in a run directory: start, resume, branch, and read back its history.
 
-The CLI is a thin shell over these functions; tests and other programs can call them directly.
+These work on a run directory as it is; launch.py adds the checks (the pool, its GPU model, preflight) that come
+before a run, a resume or a campaign writes anything. Tests and other programs can call either directly.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The ``ksearch`` command: its parser, the commands that read or rebuild a run (history, branch, show, recover,
-report, export) and the exit codes; run, resume and campaign, which drive a search, are cli_search.py's.
+report, export) and the exit codes; run, resume and campaign, which drive a search, are
+search_commands.py's.
 
 Exit codes: 0 finished, 1 unexpected error, 2 bad input (task, run dir, options; a damaged run directory;
 another process writing the run; a task whose reference or seed fails at preflight), 69 the evaluation

@@ -1,8 +1,9 @@
-"""The ``ksearch`` commands that drive a search: run, resume and campaign (the parser is cli.py's).
+"""The ``ksearch`` commands that drive a search: run, resume and campaign (the parser is main.py's).
 
-They pick the search's settings from the options, make the evaluation pool, drive the graph with live progress
-and answer its plan approvals. Exit codes 69 (the evaluation infrastructure failed), 75 (paused: the LLM endpoint
-failed) and 76 (waiting for an answer) are set here; cli.py's docstring lists them all.
+They pick the search's settings from the options, launch the search through app/launch.py (the checks before
+anything is written: the pool, its GPU model, preflight), print what it reports, drive the graph with live progress
+and Ctrl-C handling, and answer its plan approvals. Exit codes 69 (the evaluation infrastructure failed), 75 (paused:
+the LLM endpoint failed) and 76 (waiting for an answer) are set here; main.py's docstring lists them all.
 """
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ksearch_graph.app.runs import (
-    mark_finished,
-    parse_answer,
-    record_preflight,
-    seed_measured,
-)
+from ksearch_graph.app.launch import plan_start, resume_search, start_campaign
+from ksearch_graph.app.runs import parse_answer
 from ksearch_graph.config import Budget, SearchConfig
+from ksearch_graph.harness.parent.make_pool import PoolOptions
 from ksearch_graph.rundir.run_dir import RunDir, RunDirError
-from ksearch_graph.tasks.task import TaskError, load_task
+from ksearch_graph.tasks.task import load_task
 
 EXIT_INFRASTRUCTURE = 69  # the evaluation infrastructure failed (preflight, or down mid-run): fix it, then resume
 EXIT_PAUSED = 75
@@ -32,47 +30,17 @@ OFFLINE_NOTICE = (
 )
 
 
-def _pool_options(args):
-    from ksearch_graph.harness.parent.make_pool import PoolOptions
-
+def _pool_options(args) -> PoolOptions:
     return PoolOptions(gpus=args.gpus, cpu_slots=args.cpu_slots, ray=args.ray, ray_address=args.ray_address,
                        gpu_model=args.gpu_model, lanes_per_gpu=args.lanes_per_gpu)
 
 
-def _make_evaluator(options, config: SearchConfig, task):
-    """The evaluation pool a search will use, made before anything is written (a bad option, a Ray cluster that
-    cannot be joined, or a host that cannot make the candidates' sandbox stops the command with nothing left
-    behind)."""
-    from ksearch_graph.app.preflight import sandbox_failure
-    from ksearch_graph.harness.parent.client import SandboxUnavailable
-    from ksearch_graph.harness.parent.make_pool import make_pool
-    from ksearch_graph.harness.parent.pool import PoolError
-
-    try:
-        return make_pool(options, config, task)
-    except PoolError as e:
-        raise RunDirError(str(e)) from None
-    except SandboxUnavailable as e:
-        raise sandbox_failure(str(e)) from None
+def _say(text: str) -> None:
+    print(text, flush=True)
 
 
-def _warn_unsandboxed(config: SearchConfig) -> None:
-    if config.sandbox == "none":
-        print("warning: --sandbox none: candidates' code runs without a sandbox, as you, and can read your files "
-              "and credentials; every result records it (isolation)", file=sys.stderr, flush=True)
-
-
-def _preflight(evaluator, task, *, check_task: bool = True, quiet: bool = False):
-    """preflight.py's checks of the pool (and the task) before anything is spent; PreflightFailed stops."""
-    from ksearch_graph.app.preflight import preflight
-
-    if not quiet:
-        print(f"preflight: checking the evaluation pool{' and task ' + task.name if check_task else ''} ...",
-              flush=True)
-    checked = preflight(evaluator, task, check_task=check_task)
-    if not quiet:
-        print(checked.summary(), flush=True)
-    return checked
+def _warn(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def _config_from_args(args) -> SearchConfig:
@@ -297,129 +265,50 @@ def _task_folder(task_arg: str, definition: str | None):
 
 
 def cmd_run(args) -> int:
-    from ksearch_graph.rundir.run_dir import RUN_FILE
-
     config = _config_from_args(args)
     options = _pool_options(args)
-    _warn_unsandboxed(config)
     if config.planner == "offline" and (os.environ.get(args.api_key_env) and not args.offline):
         print(f"note: {args.api_key_env} is set but no --model was given; using the offline planner")
     with _task_folder(args.task, args.definition) as task_folder:
-        task = load_task(task_folder)  # fail early, with the task's own error message
-        if config.planner == "offline" and task.spec.template is None:
-            raise TaskError(f"task {task.name} has no kernel template, so the offline (no-LLM) planner cannot "
-                            "search it; search it with an LLM: --model M [--base-url URL], or --llm local")
-        run_dir = Path(args.run_dir or Path("runs") / f"{task.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        if (run_dir / RUN_FILE).exists():
-            raise RunDirError(f"{run_dir} already holds a run; use `ksearch resume {run_dir}` or another --run-dir")
         # Everything is checked before anything is written: the options, the pool, the task on the pool.
-        evaluator = _make_evaluator(options, config, task)
-        try:
-            checked = _preflight(evaluator, task, quiet=args.quiet)
-            args.run_dir = run_dir  # for an error message about it
-            run = RunDir.create(run_dir, task_folder, config, writer=True)
-        except BaseException:
-            getattr(evaluator, "close", lambda: None)()
-            raise
-    record_preflight(run, checked)
-    getattr(evaluator, "start_ahead", lambda task: None)(run.task())
+        plan = plan_start(task_folder, args.run_dir, config, options, say=None if args.quiet else _say, warn=_warn)
+        args.run_dir = plan.run_dir  # for an error message about it
+        run = plan.commit()
     print(f"run directory: {run.path}")
-    return _drive(run, fresh=True, quiet=args.quiet, evaluator=evaluator)
+    return _drive(run, fresh=True, quiet=args.quiet, evaluator=plan.evaluator)
 
 
 def cmd_resume(args) -> int:
-    from ksearch_graph.app.runs import has_started, is_finished, plan_resume
-
-    plan = plan_resume(args.run_dir, answer=args.answer, base_url=args.base_url, model=args.model,
-                       sandbox=args.sandbox, iterations=args.iterations, more=args.more)
-    run = plan.run
-    _warn_unsandboxed(run.config)
-    evaluator = checked = None
-    if plan.searches:
-        evaluator = _checked_pool(run, args)  # a pool of another GPU model stops here, before anything is written
-        try:  # the pool (and a task whose seed is not measured yet) checked before anything is spent
-            checked = _preflight(evaluator, run.task(), check_task=not seed_measured(run), quiet=args.quiet)
-        except BaseException:
-            getattr(evaluator, "close", lambda: None)()
-            raise
-    if plan.commit(checked):
-        print(f"budget raised to {plan.target} iterations; the finished run continues")
-    if is_finished(run):
-        getattr(evaluator, "close", lambda: None)()
-        mark_finished(run)
+    resumed = resume_search(args.run_dir, answer=args.answer, base_url=args.base_url, model=args.model,
+                            sandbox=args.sandbox, iterations=args.iterations, more=args.more,
+                            pool_options=_pool_options(args), allow_gpu_change=args.allow_gpu_change,
+                            say=None if args.quiet else _say, warn=_warn)
+    run = resumed.run
+    if resumed.extended:
+        print(f"budget raised to {resumed.plan.target} iterations; the finished run continues")
+    if resumed.finished:
         print(f"{run.path}: the run is finished (continue it with --more N, N more iterations)")
         return 0
-    return _drive(run, fresh=not has_started(run), quiet=args.quiet, answer=plan.answer, evaluator=evaluator,
-                  allow_gpu_change=args.allow_gpu_change)
-
-
-def _checked_pool(run: RunDir, args):
-    """The pool a resumed run will use, refused (GpuModelChanged) if its GPU model is not the one the run's scores
-    were measured on, unless --allow-gpu-change (docs/scale-out.md, "GPU models"). Only a check: an allowed change
-    is recorded when the search runs (make_context), not by a resume that finds nothing to do."""
-    from ksearch_graph.rundir.gpu_record import check_gpu_model
-
-    evaluator = _make_evaluator(_pool_options(args), run.config, run.task())
-    store = run.store()
-    try:
-        check_gpu_model(store, getattr(evaluator, "model", None), run_path=run.path,
-                        allow_change=args.allow_gpu_change, record=False)
-    except BaseException:
-        getattr(evaluator, "close", lambda: None)()
-        raise
-    finally:
-        store.close()
-    return evaluator
+    return _drive(run, fresh=resumed.fresh, quiet=args.quiet, answer=resumed.plan.answer,
+                  evaluator=resumed.evaluator, allow_gpu_change=args.allow_gpu_change)
 
 
 def cmd_campaign(args) -> int:
-    """Everything is checked before anything is written: the tasks, the pool, each task on the pool (preflight);
-    then the campaign is made (whole or not at all) and its searches run side by side."""
+    """Everything is checked before anything is written (app/launch.py's start_campaign); then the campaign's
+    searches run side by side."""
     from contextlib import ExitStack
-
-    from ksearch_graph.app.campaign import Campaign
 
     config = _config_from_args(args)
     options = _pool_options(args)
-    runs_dir = Path(args.runs_dir)
     with ExitStack() as folders:
         tasks = [load_task(folders.enter_context(_task_folder(t, None))) for t in args.tasks]
-        campaign = Campaign.open(runs_dir, tasks)
-        if campaign is None:
-            Campaign.check_tasks(tasks, config)
-            todo = {task.name: (None, task) for task in tasks}
-        else:
-            todo = {name: (run, run.task()) for name, run in campaign.unfinished().items()}
-        if not todo:  # a campaign whose searches are all finished: nothing to check or run
-            print(campaign.table())
-            print(f"report: {campaign.write_report()}")
-            return 0
-        first = next(iter(todo.values()))
-        run_config = first[0].config if first[0] is not None else config
-        if args.sandbox is not None:  # a campaign run again keeps its searches' sandbox unless told otherwise
-            run_config = run_config.model_copy(update={"sandbox": args.sandbox})
-        _warn_unsandboxed(run_config)
-        evaluator = _make_evaluator(options, run_config, first[1])  # one pool for every search of the campaign
-        try:
-            if campaign is not None:
-                campaign.check_gpu_models(evaluator, allow_gpu_change=args.allow_gpu_change)
-            checked = {}
-            for i, (name, (run, task)) in enumerate(todo.items()):
-                measure = run is None or not seed_measured(run)
-                if i == 0 or measure:  # the pool once, each task whose seed is not measured yet
-                    checked[name] = _preflight(evaluator, task, check_task=measure, quiet=args.quiet) if i == 0 \
-                        else _preflight_task(evaluator, task, quiet=args.quiet)
-            if campaign is None:
-                campaign = Campaign.create(runs_dir, tasks, config)
-        except BaseException:
-            getattr(evaluator, "close", lambda: None)()
-            raise
-    for name, found in checked.items():
-        record_preflight(RunDir.open(campaign.path / campaign.runs[name]), found)
-    for run, _ in todo.values():  # an existing campaign's searches told to change their sandbox
-        if run is not None and run.config.sandbox != run_config.sandbox:
-            run.config.sandbox = run_config.sandbox
-            run.save()
+        campaign, evaluator = start_campaign(Path(args.runs_dir), tasks, config, options, sandbox=args.sandbox,
+                                             allow_gpu_change=args.allow_gpu_change,
+                                             say=None if args.quiet else _say, warn=_warn)
+    if evaluator is None:  # every search is finished: nothing to run
+        print(campaign.table())
+        print(f"report: {campaign.write_report()}")
+        return 0
     print(f"campaign {args.runs_dir}: {', '.join(campaign.runs)}")
     try:
         failed = campaign.run(evaluator, quiet=args.quiet, allow_gpu_change=args.allow_gpu_change)
@@ -428,14 +317,3 @@ def cmd_campaign(args) -> int:
     print(campaign.table())
     print(f"report: {campaign.write_report()}")
     return EXIT_PAUSED if failed else 0
-
-
-def _preflight_task(evaluator, task, *, quiet: bool):
-    """The task's part of preflight alone (the pool was probed already)."""
-    from ksearch_graph.app.preflight import Preflight, check_task_on
-
-    files, result, evaluated = check_task_on(evaluator, task)
-    if not quiet:
-        print(f"preflight: task {task.name}: " + ("its seed passes" if evaluated == "seed" else
-                                                  "its reference runs" if evaluated else "not evaluated"), flush=True)
-    return Preflight(files=files, result=result, evaluated=evaluated)
