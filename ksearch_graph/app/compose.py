@@ -14,6 +14,9 @@ time travel work through the parent's thread) and an ``interrupt`` inside it (``
 
 Tool. ``optimize_kernel`` runs a whole search in its own run directory (with its own checkpoints,
 so ``ksearch resume RUN_DIR`` continues it later) and returns the best solution.
+
+Both launch their searches through app/launch.py, as ``ksearch run`` and ``ksearch resume`` do: the local pool with
+the CLI's defaults, preflight of the pool and the task before a run directory is written, the run's GPU model kept.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from typing import Any
 
 from langchain_core.tools import tool
 
-from ksearch_graph.config import Budget, SearchConfig
+from ksearch_graph.app.launch import CheckedRunContext, close, resume_search, start_search
+from ksearch_graph.app.runs import drive
+from ksearch_graph.config import Budget, LLMSettings, SearchConfig
 from ksearch_graph.rundir.run_dir import RUN_FILE, RunDir
-from ksearch_graph.search.context import ServerRunContext
+from ksearch_graph.search.context import make_context
 from ksearch_graph.search.graph import build_search_graph
 
 
@@ -51,10 +56,10 @@ def _result(run_dir: str | Path, values: dict) -> dict[str, Any]:
 def kernel_search_node(*, task_key: str = "task_dir", run_dir_key: str = "run_dir",
                        result_key: str = "kernel_search", options: dict | None = None):
     """A parent-graph node running K-Search as a subgraph (see the module docstring for the mapping)."""
-    search = build_search_graph(context_schema=ServerRunContext)
+    search = build_search_graph(context_schema=CheckedRunContext)
 
     def run_kernel_search(state: dict) -> dict:
-        context = ServerRunContext(task=str(state[task_key]), run_dir=str(state[run_dir_key]), options=options or {})
+        context = CheckedRunContext(task=str(state[task_key]), run_dir=str(state[run_dir_key]), options=options or {})
         values = search.invoke({}, context=context, durability="sync")
         return {result_key: _result(context.run_dir, values)}
 
@@ -66,26 +71,32 @@ def optimize_kernel(task_dir: str, run_dir: str, iterations: int = 10, model: st
                     base_url: str | None = None) -> dict:
     """Search for a faster GPU kernel for the task in `task_dir` with K-Search.
 
-    Runs (or, if `run_dir` already holds this search, continues) a search of `iterations` attempts.
+    Runs (or, if `run_dir` already holds this search, continues) a search of `iterations` attempts; a
+    larger `iterations` than the search's budget raises it, and a finished search continues.
     Uses the LLM `model` at `base_url` (any OpenAI-compatible endpoint) or, without a model, the
-    offline template search. Returns the best kernel's files, its score (speed-up over the task's
-    reference), latency in microseconds, and the run directory and thread id to resume it.
+    offline template search. The task and the evaluation pool are checked before anything is written.
+    Returns the best kernel's files, its score (speed-up over the task's reference), latency in
+    microseconds, and the run directory and thread id to resume it.
     """
-    from ksearch_graph.app.runs import drive, extend, has_started, is_finished
-    from ksearch_graph.config import LLMSettings
-    from ksearch_graph.search.context import make_context
-
-    if (Path(run_dir) / RUN_FILE).exists():
-        run = RunDir.open(run_dir)
-        if run.config.budget.iterations < iterations:
-            extend(run, iterations)
+    if (Path(run_dir) / RUN_FILE).exists():  # continued as `ksearch resume RUN_DIR --iterations N` would
+        budget = RunDir.open(run_dir, read_only=True).config.budget.iterations
+        resumed = resume_search(run_dir, iterations=iterations if iterations > budget else None)
+        run, evaluator, fresh = resumed.run, resumed.evaluator, resumed.fresh
     else:
         llm = LLMSettings(model=model, base_url=base_url) if model else None
         config = SearchConfig(budget=Budget(iterations=iterations), planner="llm" if llm else "offline",
                               planner_llm=llm, coder_llm=llm)
-        run = RunDir.create(run_dir, task_dir, config)
-    fresh = not has_started(run)
-    if fresh or not is_finished(run):
-        drive(run, make_context(run), fresh=fresh)
-    graph = build_search_graph(run.checkpointer())
-    return _result(run.path, graph.get_state(run.graph_config()).values)
+        run, evaluator, _ = start_search(task_dir, run_dir, config)
+        fresh = True
+    try:
+        if evaluator is not None:  # None: the search is finished
+            ctx = make_context(run, evaluator=evaluator)
+            try:
+                drive(run, ctx, fresh=fresh)
+            finally:
+                ctx.store.close()
+        values = build_search_graph(run.checkpointer()).get_state(run.graph_config()).values
+    finally:
+        close(evaluator)
+        run.lock and run.lock.release()
+    return _result(run.path, values)

@@ -3,8 +3,9 @@
 Imports are absolute: the server loads this file by path, not as part of the package.
 
 The server supplies its own checkpointer and can only pass JSON, so a run names its task and run
-directory in its context (a ``context.ServerRunContext``); the nodes resolve the heavy parts (task,
-store, evaluator, planner, coder) from that, once per run directory:
+directory in its context (a ``launch.CheckedRunContext``); the nodes resolve the heavy parts (task,
+store, evaluator, planner, coder) from that, once per run directory, after the checks ``ksearch run`` and
+``ksearch resume`` make (the local pool with their defaults, its GPU model, preflight):
 
     client.runs.stream(thread_id, "ksearch", input={},
                        context={"task": "examples/softmax", "run_dir": "runs/server-1", "options": {...}})
@@ -15,10 +16,10 @@ task copy, settings and artifact store, as for the CLI; its checkpoints live in 
 
 from __future__ import annotations
 
-from ksearch_graph.search.context import ServerRunContext
+from ksearch_graph.app.launch import CheckedRunContext
 from ksearch_graph.search.graph import build_search_graph
 
 
 def make_graph():
     """Graph factory for ``langgraph dev`` / LangGraph Server: the same graph as the CLI, no checkpointer."""
-    return build_search_graph(checkpointer=None, context_schema=ServerRunContext)
+    return build_search_graph(checkpointer=None, context_schema=CheckedRunContext)
