@@ -89,3 +89,16 @@ def test_a_second_call_with_more_iterations_continues_the_finished_run(tmp_path)
         store.close()
     finally:
         run.lock.release()
+
+
+def test_a_refused_resume_lets_go_of_the_run(tmp_path):
+    """In a long-lived program (an agent calling the tool) a refused resume must not keep the run locked."""
+    from ksearch_graph.app.launch import resume_search
+    from ksearch_graph.app.runs import start
+    from ksearch_graph.config import SearchConfig
+    from ksearch_graph.rundir.run_dir import RunDir, RunDirError
+
+    start(SOFTMAX, tmp_path / "run", SearchConfig())
+    with pytest.raises(RunDirError, match="is not waiting for an answer"):
+        resume_search(tmp_path / "run", answer="approve")
+    RunDir.open(tmp_path / "run", writer=True).lock.release()  # RunLocked if the refusal had kept it

@@ -379,13 +379,17 @@ def plan_resume(run_dir: str | Path, *, answer: str | None = None, base_url: str
     option leaves the run as it was). The caller checks the pool (and the task, when its seed is not measured
     yet) while ``searches``, then ``commit``s."""
     run = RunDir.open(run_dir, writer=True)
-    check_for_writing(run)
-    parsed = parse_answer(answer) if answer else None
-    if parsed is not None and pending_question(run) is None:
-        raise RunDirError(f"{run.path} is not waiting for an answer")
-    moved = move_endpoint(run, base_url, model)
-    resandboxed = sandbox is not None and sandbox != run.config.sandbox
-    run.config.sandbox = sandbox or run.config.sandbox
-    target = iteration_target(run, iterations, more)
-    searches = not is_finished(run) or (target is not None and target > iterations_done(run))
+    try:
+        check_for_writing(run)
+        parsed = parse_answer(answer) if answer else None
+        if parsed is not None and pending_question(run) is None:
+            raise RunDirError(f"{run.path} is not waiting for an answer")
+        moved = move_endpoint(run, base_url, model)
+        resandboxed = sandbox is not None and sandbox != run.config.sandbox
+        run.config.sandbox = sandbox or run.config.sandbox
+        target = iteration_target(run, iterations, more)
+        searches = not is_finished(run) or (target is not None and target > iterations_done(run))
+    except BaseException:
+        run.lock.release()  # refused: the run is left as it was, to whoever comes next
+        raise
     return ResumePlan(run, parsed, target, moved or resandboxed, searches)
