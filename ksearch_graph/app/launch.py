@@ -11,6 +11,7 @@ stderr). Driving the search once launched is runs.py's ``drive``; the CLI adds l
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -101,12 +102,13 @@ class StartPlan:
     evaluator: Evaluator
     preflight: Preflight
 
-    def commit(self, *, writer: bool = True) -> RunDir:
+    def commit(self, *, writer: bool = True, record_seed: bool = True) -> RunDir:
         """Make the run directory (whole or not at all) with the preflight's record, and start the pool's first
-        evaluations' processes on the run's task. ``writer``: the run stays locked for this process."""
+        evaluations' processes on the run's task. ``writer``: the run stays locked for this process;
+        ``record_seed``: the preflight's measurement of the seed is the run's (else the search measures it)."""
         try:
             run = RunDir.create(self.run_dir, self.task_folder, self.config, writer=writer)
-            record_preflight(run, self.preflight)
+            record_preflight(run, self.preflight if record_seed else without_seed(self.preflight))
         except BaseException:
             close(self.evaluator)
             raise
@@ -142,10 +144,15 @@ def plan_start(task_folder: str | Path, run_dir: str | Path | None, config: Sear
 
 def start_search(task_folder: str | Path, run_dir: str | Path | None, config: SearchConfig,
                  pool_options: PoolOptions | None = None, *, say: Say | None = None, warn: Say | None = None,
-                 writer: bool = True) -> tuple[RunDir, Evaluator, Preflight]:
+                 writer: bool = True, record_seed: bool = True) -> tuple[RunDir, Evaluator, Preflight]:
     """``plan_start`` then ``commit``: the new run, the pool it is evaluated on, what preflight found."""
     plan = plan_start(task_folder, run_dir, config, pool_options, say=say, warn=warn)
-    return plan.commit(writer=writer), plan.evaluator, plan.preflight
+    return plan.commit(writer=writer, record_seed=record_seed), plan.evaluator, plan.preflight
+
+
+def without_seed(checked: Preflight) -> Preflight:
+    """The preflight's record without its measurement of the seed, which the search then makes itself."""
+    return dataclasses.replace(checked, result=None)
 
 
 # ---------------------------------------------------------------------------------------------------- resume
@@ -272,20 +279,24 @@ def start_campaign(runs_dir: Path, tasks: list[Task], config: SearchConfig, pool
 class CheckedRunContext(ServerRunContext):
     """The context of a run on a LangGraph server or in a parent graph, opened as the CLI opens one: a new run
     directory only after the pool and the task pass preflight, an existing one on a pool of its GPU model
-    (``allow_gpu_change``) with the pool preflighted. The pool is the local one, with the CLI's defaults."""
+    (``allow_gpu_change``) with the pool preflighted. The pool is the local one, with the CLI's defaults.
+
+    The search measures the seed again: a served run's stream shows the seed's measurement as its first attempt
+    event, and clients read it there."""
 
     def open_run(self) -> tuple[RunDir, Evaluator | None]:
         say = logging.getLogger(__name__).info
         path = Path(self.run_dir).resolve()
         if not (path / RUN_FILE).exists():
             run, evaluator, _ = start_search(self.task, path, SearchConfig.model_validate(self.options), say=say,
-                                             warn=logging.getLogger(__name__).warning)
+                                             warn=logging.getLogger(__name__).warning, record_seed=False)
             return run, evaluator
         run, _ = super().open_run()
         evaluator = None
         try:
             evaluator = checked_pool(run, allow_gpu_change=self.allow_gpu_change)
-            record_preflight(run, run_preflight(evaluator, run.task(), check_task=not seed_measured(run), say=say))
+            checked = run_preflight(evaluator, run.task(), check_task=not seed_measured(run), say=say)
+            record_preflight(run, without_seed(checked))
         except BaseException:
             close(evaluator)
             run.lock and run.lock.release()
