@@ -223,7 +223,8 @@ def test_local_llm_refuses_an_endpoint_of_its_own(tmp_path):
 @pytest.mark.local_llm
 def test_local_search_through_the_cli(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli("run", str(SOFTMAX), "--llm", "local", "--iterations", "2", "--run-dir", str(run_dir),
+    # One iteration: every role and prompt kind of a cycle once (the model generates on the CPU: minutes a cycle).
+    proc = run_cli("run", str(SOFTMAX), "--llm", "local", "--iterations", "1", "--run-dir", str(run_dir),
                    timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "local model: Qwen2.5-Coder-0.5B" in proc.stdout and "It cannot:" in proc.stdout
@@ -235,7 +236,7 @@ def test_local_search_through_the_cli(tmp_path):
 
     info = json.loads(run_cli("show", str(run_dir), "--json", check=True).stdout)
     assert info["planner"] == "llm" and info["status"] == "finished"
-    assert info["iterations_done"] == 2 and info["attempts"] == 2
+    assert info["iterations_done"] == 1 and info["attempts"] == 1
     assert info["world_model_nodes"] >= 2  # the root and at least one action (the planner's or the fallback's)
     assert info["tokens"]["total_tokens"] > 0
     assert info["tokens"]["per_role"]["planner"]["calls"] > 0 and info["tokens"]["per_role"]["coder"]["calls"] > 0
@@ -243,7 +244,7 @@ def test_local_search_through_the_cli(tmp_path):
     with sqlite3.connect(run_dir / "store.sqlite") as db:
         attempts = db.execute("select id, status from attempts where prompt_kind != 'seed'").fetchall()
         snapshots = [json.loads(row[0]) for row in db.execute("select tree from world_models")]
-    assert len(attempts) == 2 and all(status for _, status in attempts)  # every attempt evaluated and recorded
+    assert len(attempts) == 1 and all(status for _, status in attempts)  # every attempt evaluated and recorded
     # Built, then edited: at least the initial tree and one update after the cycle.
     assert len(snapshots) >= 2
     for snapshot in snapshots:
