@@ -196,6 +196,18 @@ def checked_pool(run: RunDir, pool_options: PoolOptions | None = None, *,
     return evaluator
 
 
+def preflighted_pool(run: RunDir, pool_options: PoolOptions | None = None, *, allow_gpu_change: bool = False,
+                     say: Say | None = None) -> tuple[Evaluator, Preflight]:
+    """An existing run's pool (``checked_pool``) and its preflight (the task's part while the run's seed is not
+    measured yet); the pool is closed on a refusal."""
+    evaluator = checked_pool(run, pool_options, allow_gpu_change=allow_gpu_change)
+    try:
+        return evaluator, run_preflight(evaluator, run.task(), check_task=not seed_measured(run), say=say)
+    except BaseException:
+        close(evaluator)
+        raise
+
+
 def resume_search(run_dir: str | Path, *, answer: str | None = None, base_url: str | None = None,
                   model: str | None = None, sandbox: str | None = None, iterations: int | None = None,
                   more: int | None = None, pool_options: PoolOptions | None = None, allow_gpu_change: bool = False,
@@ -212,8 +224,7 @@ def resume_search(run_dir: str | Path, *, answer: str | None = None, base_url: s
         warn_if_unsandboxed(run.config, warn)
         checked = None
         if plan.searches:
-            evaluator = checked_pool(run, pool_options, allow_gpu_change=allow_gpu_change)
-            checked = run_preflight(evaluator, run.task(), check_task=not seed_measured(run), say=say)
+            evaluator, checked = preflighted_pool(run, pool_options, allow_gpu_change=allow_gpu_change, say=say)
         extended = plan.commit(checked)
         if is_finished(run):
             close(evaluator)
@@ -292,10 +303,12 @@ class CheckedRunContext(ServerRunContext):
                                              warn=logging.getLogger(__name__).warning, record_seed=False)
             return run, evaluator
         run, _ = super().open_run()
-        evaluator = None
         try:
-            evaluator = checked_pool(run, allow_gpu_change=self.allow_gpu_change)
-            checked = run_preflight(evaluator, run.task(), check_task=not seed_measured(run), say=say)
+            evaluator, checked = preflighted_pool(run, allow_gpu_change=self.allow_gpu_change, say=say)
+        except BaseException:
+            run.lock and run.lock.release()
+            raise
+        try:
             record_preflight(run, without_seed(checked))
         except BaseException:
             close(evaluator)

@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ksearch_graph.app.launch import plan_start, resume_search, start_campaign
+from ksearch_graph.app.launch import close, plan_start, resume_search, start_campaign
 from ksearch_graph.app.runs import parse_answer
 from ksearch_graph.config import Budget, SearchConfig
 from ksearch_graph.harness.parent.make_pool import PoolOptions
@@ -313,7 +313,7 @@ def cmd_campaign(args) -> int:
     try:
         failed = campaign.run(evaluator, quiet=args.quiet, allow_gpu_change=args.allow_gpu_change)
     finally:
-        getattr(evaluator, "close", lambda: None)()
+        close(evaluator)
     print(campaign.table())
     print(f"report: {campaign.write_report()}")
     return EXIT_PAUSED if failed else 0

@@ -148,8 +148,8 @@ class SubprocessEvaluator:
         self._lock = threading.Lock()  # the standby: the graph may evaluate from several threads
         # Start the next evaluation's two processes as soon as one starts (and on start_ahead()), so their imports
         # (torch, CUDA: seconds on a GPU host) happen while an evaluation runs or the search waits for its LLM, not
-        # while it waits for a result. Each evaluation still gets fresh processes. Default: on GPU hosts (on a small CPU machine they
-        # would compete for cores).
+        # while it waits for a result. Each evaluation still gets fresh processes. Default: on GPU hosts (on a small
+        # CPU machine they would compete for cores).
         self.prestart = gpu_driver_present() if prestart is None else prestart
         self._standby: list[_Started] = []  # at most one, handed to the next evaluate()
         self._ahead_task: Task | None = None  # start_ahead()'s: its reference is timed while a standby waits
