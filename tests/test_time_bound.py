@@ -4,6 +4,7 @@ import pytest
 
 from ksearch_graph.harness.judge import time_bound as tb
 from ksearch_graph.harness.policy import POLICY
+from ksearch_graph.harness.reporting import TimingTrace
 
 
 def test_calibration_overheads_are_the_interval_less_what_the_do_nothing_call_reported():
@@ -103,9 +104,10 @@ def test_the_forgery_checks_table_reads_a_traced_burst_as_the_judge_does(tmp_pat
     for cpu in (False, True):
         cal = tb.calibrate([400.0, 450.0, 500.0] * 4, cpu=cpu)
         trace = tmp_path / f"trace-{cpu}.jsonl"
-        bound = tb.trace_figures(spans, cal)  # as the judge writes them
-        trace.write_text(json.dumps({"who": "candidate", "workload": "w", "first": 0,
-                                     "calls": [[s, 0, 0, 0] for s in said], "bound": bound}) + "\n")
+        steps = [[20.0, 130.0, s - 40.0] for s in spans]  # inputs written, L2 flushed, answer in
+        TimingTrace(str(trace)).write("candidate", "w", 0, [[s, 0, 0, 0] for s in said],
+                                      bound=tb.trace_figures(spans, cal, steps))  # as the judge writes them
+        assert json.loads(trace.read_text())["bound"]["steps_us"] == steps
         [row] = tool.bound_rows(trace)
         assert row["dropped"] is False
         floors = [tb.device_floor_us(s, cal) for s in spans]
@@ -114,7 +116,7 @@ def test_the_forgery_checks_table_reads_a_traced_burst_as_the_judge_does(tmp_pat
         assert (row["floor_us"] > row["threshold_us"]) == caught, (cpu, row)
 
 
-def test_a_contradicted_burst_is_dropped_once_and_a_forger_that_backs_off_is_caught():
+def test_contradicted_bursts_are_dropped_up_to_a_limit_and_a_forger_that_backs_off_is_caught():
     cal = tb.calibrate([1200.0] * 20, cpu=True)
     lie = "the judge's clock leaves at least 9000 us"
     # A host busy through one burst: dropped, then the same story again is kept.
@@ -132,6 +134,19 @@ def test_a_contradicted_burst_is_dropped_once_and_a_forger_that_backs_off_is_cau
     rule.verdict(lie, [80.0] * 3, cal, "1-3")
     verdict, why = rule.verdict(None, [80_000.0] * 3, cal, "4-6")
     assert verdict == "fail" and "reported 80 us for calls 1-3" in why
+    # A GPU host that stalls whole bursts now and then: up to max_dropped of them are timed again, the next fails.
+    rule = tb.ContradictionRule(max_dropped=3)
+    assert [rule.verdict(lie, [60.0] * 3, cal, f"{k}")[0] for k in range(3)] == ["drop"] * 3
+    assert rule.verdict(None, [58.0] * 3, cal, "3") == ("keep", "")
+    verdict, why = rule.verdict(lie, [60.0] * 3, cal, "4")
+    assert verdict == "fail" and "as in calls 0, 1, 2 timed before them" in why
+    # Backing off is judged after every dropped burst, not only the first.
+    rule = tb.ContradictionRule(max_dropped=3)
+    rule.verdict(lie, [80.0] * 3, cal, "1-3")
+    assert rule.verdict(None, [80.0] * 3, cal, "4-6") == ("keep", "")
+    rule.verdict(lie, [80.0] * 3, cal, "7-9")
+    verdict, why = rule.verdict(None, [80_000.0] * 3, cal, "10-12")
+    assert verdict == "fail" and "for calls 7-9" in why
 
 
 def test_repeated_inputs_are_compared_above_the_floor_of_a_timed_call():

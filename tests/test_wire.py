@@ -32,27 +32,27 @@ def test_every_message_of_the_candidates_side_parses_as_its_type():
     for msg in (wire.Loaded({"network_isolated": "yes", "device": "cpu", "host_spin_wait": False,
                              "launch_cover": "none"}), wire.Prepared(), wire.Imported(1.5),
                 wire.Output(OUTPUT, 0.1, FLAGS), wire.Warmed(0.1), wire.Ready(3),
-                wire.Done(3, [1.0, 2.0, 0.5, 3.0], {"other": "NoneType"}), wire.Timed(FLAGS, None),
+                wire.Done(3, [1.0, 2.0, 0.5, 3.0, 9.0], {"other": "NoneType"}), wire.Timed(FLAGS, None),
                 wire.Error("runtime_error", "boom")):
         got = wire.parse(wire.encode(msg), (type(msg),))
         assert type(got) is type(msg)
 
 
 @pytest.mark.parametrize("data, why", [
-    (raw("Done", index=0, times=[{"__tensor__": 1}, 0, 0, 0], output=OUTPUT), "finite number"),
-    (raw("Done", index=True, times=[1.0, 0, 0, 0], output=OUTPUT), "an int"),  # a bool is not an int
-    (raw("Done", index=0, times=[1.0, 0, 0], output=OUTPUT), "times are"),
-    (b'{"type": "Done", "index": 0, "times": [NaN, 0, 0, 0], "output": {"other": "x"}}', "not a JSON"),
-    (b'{"type": "Done", "index": 0, "times": [1e999, 0, 0, 0], "output": {"other": "x"}}', "finite"),
-    (raw("Done", index=0, times=[1.0, 0, 0, 0], output=OUTPUT, extra=1), "other fields"),
-    (raw("Done", index=0, times=[1.0, 0, 0, 0], output={"tensors": [[0, "object", [2]]], "tuple": False}),
+    (raw("Done", index=0, times=[{"__tensor__": 1}, 0, 0, 0, 0], output=OUTPUT), "finite number"),
+    (raw("Done", index=True, times=[1.0, 0, 0, 0, 0], output=OUTPUT), "an int"),  # a bool is not an int
+    (raw("Done", index=0, times=[1.0, 0, 0, 0], output=OUTPUT), "times are"),
+    (b'{"type": "Done", "index": 0, "times": [NaN, 0, 0, 0, 0], "output": {"other": "x"}}', "not a JSON"),
+    (b'{"type": "Done", "index": 0, "times": [1e999, 0, 0, 0, 0], "output": {"other": "x"}}', "finite"),
+    (raw("Done", index=0, times=[1.0, 0, 0, 0, 0], output=OUTPUT, extra=1), "other fields"),
+    (raw("Done", index=0, times=[1.0, 0, 0, 0, 0], output={"tensors": [[0, "object", [2]]], "tuple": False}),
      "unknown dtype"),
-    (raw("Done", index=0, times=[1.0, 0, 0, 0], output={"tensors": [[-256, "float32", [2]]], "tuple": False}),
+    (raw("Done", index=0, times=[1.0, 0, 0, 0, 0], output={"tensors": [[-256, "float32", [2]]], "tuple": False}),
      "an int in"),
     (raw("Timed", flags=FLAGS | {"power_limited": "yes"}, untimed_median_us=None), "true or false"),
     (raw("Timed", flags=FLAGS | {"extra": 1}, untimed_median_us=None), "other fields"),
     (raw("Output", output=OUTPUT, seconds=0.1, flags=FLAGS | {"harness_changed": "x" * 400}), "a list"),
-    (raw("Go", index=0, inputs=[], regions=[]), "does not send"),  # a judge's message
+    (raw("Go", index=0), "does not send"),  # a judge's message
     (raw("Error", status="passed", message="x"), "unknown status"),  # the candidate cannot pass itself
     (b"\x80\x04\x95", "not a JSON"),  # a pickle
     (b"[1, 2]", "without a type"),
@@ -100,9 +100,12 @@ def test_a_large_message_from_the_judge_travels_in_a_memfd():
 def test_lent_inputs_rebuild_as_the_judge_made_them_and_writes_reach_the_judges_view():
     x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     inputs = ({"w": x.t(), "n": 7, "f": 0.5, "d": torch.float16}, [torch.ones(5, dtype=torch.int64), None], "s")
-    tree, regions, made = lending.lend(inputs)
+    lent = lending.LentInputs(inputs)  # staged: the candidate's process maps it before it holds anything
+    tree, made = lent.tree, lent.regions
     theirs = [Region.take(os.dup(r.fd), r.nbytes, "cpu") for r in made]
     got = lending.rebuild(json.loads(json.dumps(tree)), theirs)
+    assert not got[0]["w"].any() and not got[1][0].any()  # no input is there before the judge fills it in
+    lent.fill()
     assert got[0]["n"] == 7 and got[0]["d"] is torch.float16 and got[1][1] is None and got[2] == "s"
     assert torch.equal(got[0]["w"], x.t()) and got[0]["w"].stride() == x.t().stride()  # the layout kept
     got[0]["w"].mul_(2)  # the candidate writes into what it was lent: the judge's own view shows it
@@ -138,3 +141,11 @@ def test_the_two_processes_import_only_the_standard_library_torch_and_the_harnes
     assert "ksearch_graph.harness.parent.client" not in ours
     heavy = [m for m in mods if m.split(".")[0] in ("torch", "triton", "pydantic", "langgraph", "langchain_core")]
     assert heavy == []
+
+
+def test_spinning_for_a_message_sees_it_or_gives_up_in_time():
+    judge, candidate = (wire.Channel(s) for s in wire.pair())
+    assert candidate.spin(0.002) is False  # nothing sent: gives up after its time
+    judge.send(wire.Taken(3))
+    assert candidate.spin(1.0) is True
+    assert candidate.receive_from_judge()[0] == wire.Taken(3)

@@ -39,6 +39,7 @@ MODES = {  # mode -> (the statuses it may end in, what the log must name)
     "late_output": ({Status.incorrect_numerical, Status.suspicious}, ""),
     "forked_worker": ({Status.suspicious}, "the judge's clock"),
     "wildcards": ({Status.suspicious}, "the protocol does not allow"),
+    "work_ahead": ({Status.incorrect_numerical}, ""),
 }
 
 

@@ -46,7 +46,7 @@ real_send = channel_type.send
 
 def send(self, msg, *fds):
     if type(msg).__name__ == "Done":
-        msg = msg._replace(times=[msg.times[0] / FACTOR, msg.times[1], msg.times[2], msg.times[3] / FACTOR])
+        msg = msg._replace(times=[msg.times[0] / FACTOR, *msg.times[1:3], msg.times[3] / FACTOR, msg.times[4] / FACTOR])
     return real_send(self, msg, *fds)
 
 

@@ -1,7 +1,7 @@
 """Inputs the judge lends and outputs it takes back, through shared memory (``shared_memory.Region``).
 
-The judge lays a call's inputs out in fresh regions (one per device kind that holds any) and sends their
-structure as a tree of plain data (``lay_out``); the candidate's process rebuilds the same structure over its own
+The judge lays a call's inputs out in fresh regions (one per device kind that holds any; ``LentInputs``) and sends
+their structure as a tree of plain data (``lay_out``); the candidate's process rebuilds the same structure over its own
 mapping of the regions (``rebuild``). The candidate's process writes an output into the slot the judge lent
 (``put_output``) and describes where; the judge copies it out into its own memory before it looks at it
 (``take_output``), so nothing the candidate's process does later reaches what the judge compares.
@@ -89,21 +89,42 @@ def lay_out(inputs) -> tuple[list, Layout]:
     return walk(inputs), layout
 
 
-def lend(inputs) -> tuple[list, list[list], list[Region]]:
-    """Fresh regions holding ``inputs``: (tree, [[device, nbytes], ...], regions); the caller sends the tree, the
-    sizes and the regions' descriptors, and closes the regions once the call is over."""
-    tree, layout = lay_out(inputs)
-    regions = [Region.make(n, "cuda" if d == "cuda" else "cpu") for d, n in zip(layout.devices, layout.sizes)]
-    try:
-        for index, offset, tensor, strides in layout.copies:
-            regions[index].view(offset, tensor.dtype, tuple(tensor.shape), strides).copy_(tensor)
-        if "cuda" in layout.devices:  # the copies run on this process's stream: done before another process reads
+class LentInputs:
+    """A call's inputs laid out in fresh, zeroed regions that hold none of them yet: ``tree``, ``spec``
+    ([[device, nbytes], ...]) and ``regions`` are sent first; ``fill`` writes the inputs in later (a timed call's
+    after the judge's clock started). The caller closes the regions once the call is over."""
+
+    def __init__(self, inputs):
+        self.tree, layout = lay_out(inputs)
+        self.spec, self.copies = layout.regions, layout.copies
+        self.regions = [Region.make(n, "cuda" if d == "cuda" else "cpu") for d, n in zip(layout.devices, layout.sizes)]
+        self.cuda = "cuda" in layout.devices
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return tuple(r.fd for r in self.regions)
+
+    def fill(self) -> None:
+        """Copy the inputs in; on a GPU, done (synchronized) before another process may read them."""
+        for index, offset, tensor, strides in self.copies:
+            self.regions[index].view(offset, tensor.dtype, tuple(tensor.shape), strides).copy_(tensor)
+        if self.cuda:
             load_torch().cuda.synchronize()
-    except BaseException:
-        for r in regions:
+
+    def close(self) -> None:
+        for r in self.regions:
             r.close()
+
+
+def lend(inputs) -> LentInputs:
+    """Fresh regions holding ``inputs`` (as make_inputs returned them): ``LentInputs`` filled at once."""
+    staged = LentInputs(inputs)
+    try:
+        staged.fill()
+    except BaseException:
+        staged.close()
         raise
-    return tree, layout.regions, regions
+    return staged
 
 
 def rebuild(tree: list, regions: list[Region]):

@@ -49,6 +49,13 @@ def describe(exc: BaseException, root: str) -> str:
     return clip(text.replace(root + os.sep, ""))
 
 
+def _rounded(v):
+    """A trace figure, a number or (nested) lists of them, rounded: lists to 0.1 us, a single figure to 0.001."""
+    if isinstance(v, list):
+        return [_rounded(x) if isinstance(x, list) else round(x, 1) for x in v]
+    return round(v, 3)
+
+
 class TimingTrace:
     """The judge's timing trace: every burst's timed calls, one JSON line each, appended to ``path`` (the TRACE_ENV
     file; None: no trace)."""
@@ -67,9 +74,8 @@ class TimingTrace:
                 "calls": [[round(v, 2) for v in c] for c in calls]}
         if dropped:
             line["dropped"] = True
-        if bound:  # time_bound.py's figures: the judge's interval per call and its calibration
-            line["bound"] = {k: [round(x, 1) for x in v] if isinstance(v, list) else round(v, 3)
-                             for k, v in bound.items()}
+        if bound:  # time_bound.py's figures: the judge's interval per call (its steps) and its calibration
+            line["bound"] = {k: _rounded(v) for k, v in bound.items()}
         try:
             with open(self.path, "a") as f:
                 f.write(json.dumps(line) + "\n")

@@ -191,7 +191,8 @@ def _vmm_region(nbytes: int, fd: int | None) -> Region:
     _check(lib.cuMemGetAllocationGranularity(ctypes.byref(granularity), ctypes.byref(prop), 0), "cuMemGetAllocationGranularity")
     size = aligned(nbytes, granularity.value)
     handle = ctypes.c_ulonglong(0)
-    if fd is None:
+    imported = fd is not None
+    if not imported:
         _check(lib.cuMemCreate(ctypes.byref(handle), size, ctypes.byref(prop), 0), f"cuMemCreate({size})")
         exported = ctypes.c_int(-1)
         code = lib.cuMemExportToShareableHandle(ctypes.byref(exported), handle.value, _POSIX_FD, 0)
@@ -216,4 +217,7 @@ def _vmm_region(nbytes: int, fd: int | None) -> Region:
         os.close(fd)
         raise
     buffer = torch.as_tensor(_DeviceBytes(handle.value, ptr.value, size), device="cuda")
+    if not imported:  # new physical memory may hold what this process freed before: lent only once zeroed
+        buffer.zero_()
+        torch.cuda.synchronize()
     return Region(size, "cuda", fd, buffer)

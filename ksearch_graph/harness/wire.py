@@ -10,10 +10,11 @@ descriptor from the candidate's process (the kernel drops any it sends) and acts
 
 Judge to candidate (``JUDGE_SENDS``): ``Begin`` (touch the device now), ``Import`` (the candidate's entry point, the task's reference files),
 ``Load`` (import the candidate), ``Lend`` (the output slot; a descriptor), ``Call`` / ``Warm`` (one call on inputs the judge made; a descriptor),
-``Calibrate`` / ``Burst`` (timed calls: the candidate's process says ``Ready``, the judge answers ``Go`` with that
-call's inputs, the candidate's process answers ``Done``, the judge ``Taken``), ``Exit``. Candidate to judge
-(``CANDIDATE_SENDS``): ``Loaded``, ``Prepared``, ``Imported``, ``Output``, ``Warmed``, ``Ready``, ``Done``, ``Timed``,
-``Error``.
+``Calibrate`` / ``Burst`` (timed calls: the candidate's process says ``Ready``, the judge lends the call's input
+memory, still empty, with ``Stage``, the candidate's process maps it and says ``Staged``, the judge starts its clock,
+fills the memory and says ``Go``, the candidate's process answers ``Done``, the judge ``Taken``), ``Exit``. Candidate
+to judge (``CANDIDATE_SENDS``): ``Loaded``, ``Prepared``, ``Imported``, ``Output``, ``Warmed``, ``Ready``, ``Staged``,
+``Done``, ``Timed``, ``Error``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import math
 import os
 import select
 import socket
+import time
 from typing import NamedTuple
 
 MAX_FROM_CANDIDATE = 64 << 10  # bytes of one message from the candidate's process
@@ -93,11 +95,19 @@ class Calibrate(NamedTuple):
     outputs: list
 
 
-class Go(NamedTuple):
-    """Make timed call ``index`` now, on the attached inputs."""
+class Stage(NamedTuple):
+    """Map timed call ``index``'s input memory (attached; ``inputs`` and ``regions`` as in ``Call``) and answer
+    ``Staged``. The memory holds no inputs yet: the judge writes them after its clock started, so mapping it (a few
+    hundred us of driver calls on a GPU, and their jitter) stays outside the judge's interval and nothing can be
+    worked out ahead."""
     index: int
     inputs: list
     regions: list
+
+
+class Go(NamedTuple):
+    """Make timed call ``index`` now: its staged memory holds its inputs."""
+    index: int
 
 
 class Taken(NamedTuple):
@@ -139,13 +149,19 @@ class Warmed(NamedTuple):
 
 
 class Ready(NamedTuple):
-    """Timed call ``index`` may come (the judge answers ``Go``)."""
+    """Timed call ``index`` may come (the judge answers ``Stage``)."""
+    index: int
+
+
+class Staged(NamedTuple):
+    """Timed call ``index``'s input memory is mapped (the judge answers ``Go``)."""
     index: int
 
 
 class Done(NamedTuple):
-    """Timed call ``index`` is over and its output is in the slot: [device us, tail us, probe us, host us] as the
-    candidate's process measured them (data to check, never trusted)."""
+    """Timed call ``index`` is over and its output is in the slot: [device us, tail us, probe us, host us, own us] as
+    the candidate's process measured them (data to check, never trusted; ``own``: from its ``Go`` to this message,
+    which the timing trace sets beside the judge's interval)."""
     index: int
     times: list
     output: dict
@@ -163,8 +179,8 @@ class Error(NamedTuple):
     message: str
 
 
-JUDGE_SENDS = (Begin, Import, Load, Lend, Call, Warm, Burst, Calibrate, Go, Taken, Exit)
-CANDIDATE_SENDS = (Loaded, Prepared, Imported, Output, Warmed, Ready, Done, Timed, Error)
+JUDGE_SENDS = (Begin, Import, Load, Lend, Call, Warm, Burst, Calibrate, Stage, Go, Taken, Exit)
+CANDIDATE_SENDS = (Loaded, Prepared, Imported, Output, Warmed, Ready, Staged, Done, Timed, Error)
 _BY_NAME = {kind.__name__: kind for kind in JUDGE_SENDS + CANDIDATE_SENDS}
 
 
@@ -263,6 +279,7 @@ SCHEMA = {
     Output: {"output": parse_output, "seconds": lambda v: _float(v, 0.0), "flags": parse_flags},
     Warmed: {"seconds": lambda v: _float(v, 0.0)},
     Ready: {"index": lambda v: _int(v, 0, 1 << 20)},
+    Staged: {"index": lambda v: _int(v, 0, 1 << 20)},
     Done: {"index": lambda v: _int(v, 0, 1 << 20), "times": lambda v: _times(v), "output": parse_output},
     Timed: {"flags": parse_flags, "untimed_median_us": lambda v: None if v is None else _float(v, 0.0)},
     Error: {"status": lambda v: _status(v), "message": lambda v: _str(v, 20000)},
@@ -278,8 +295,8 @@ def _info(v) -> dict:
 
 
 def _times(v) -> list[float]:
-    if type(v) is not list or len(v) != 4:
-        raise Malformed("a timed call's times are [device us, tail us, probe us, host us]")
+    if type(v) is not list or len(v) != 5:
+        raise Malformed("a timed call's times are [device us, tail us, probe us, host us, own us]")
     return [_float(x, -1e6, 1e9) for x in v]
 
 
@@ -354,6 +371,14 @@ class Channel:
 
     def poll(self, timeout_s: float) -> bool:
         return bool(select.select([self.sock], [], [], max(0.0, timeout_s))[0])
+
+    def spin(self, seconds: float) -> bool:
+        """Whether a message came within ``seconds``, polled without sleeping (POLICY.spin_wait_s says why)."""
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            if select.select([self.sock], [], [], 0)[0]:
+                return True
+        return False
 
     def receive_untrusted(self) -> bytes:
         """The candidate's next datagram, without any descriptor it attached (the kernel closes those). EOFError

@@ -36,6 +36,7 @@ from ksearch_graph.harness.isolation import die_with_parent, isolate_network  # 
 from ksearch_graph.harness.job import REFERENCE_IN_RUNNER  # noqa: E402
 from ksearch_graph.harness.lending import put_output, rebuild  # noqa: E402
 from ksearch_graph.harness.modules import load_module  # noqa: E402
+from ksearch_graph.harness.policy import POLICY  # noqa: E402
 from ksearch_graph.harness.reporting import Failure, Reported, clip, describe, progress  # noqa: E402
 from ksearch_graph.harness.shared_memory import Region  # noqa: E402
 from ksearch_graph.harness.tasks import prepare  # noqa: E402
@@ -60,6 +61,8 @@ from ksearch_graph.harness.wire import (  # noqa: E402
     Output,
     Prepared,
     Ready,
+    Stage,
+    Staged,
     Taken,
     Timed,
     Warm,
@@ -312,7 +315,7 @@ class Runner:
 
     def burst(self, msg: Burst, fds: list[int]) -> None:
         """A heat on the lent heat inputs, then ``count`` timed calls, each on inputs the judge lends when this
-        process says it is ready (``Ready`` / ``Go``); each output goes into the slot, and the next call waits until
+        process says it is ready (``Ready``, ``Stage``, ``Staged``, ``Go``); each output goes into the slot, and the next call waits until
         the judge has taken it (``Taken``)."""
         progress(f"time {msg.workload} x{msg.count}")
         heat_inputs, heat_regions = self.lent(msg.heat, msg.regions, fds)
@@ -337,25 +340,33 @@ class Runner:
         """``count`` timed calls through ``timing.timed_burst``; ``stand_in``: call it instead of the entry (a
         calibration: the entry only builds the arguments)."""
         regions: list[Region] = []
+        went = [0.0]  # when this process had its Go (perf s)
 
         def next_call(k: int) -> tuple:
             self.send(Ready(k))
-            go, fds = self.receive()
-            if not isinstance(go, Go) or go.index != k:
+            stage, fds = self.receive()
+            if not isinstance(stage, Stage) or stage.index != k:
                 raise Reported  # the judge gave up on this burst (it says why itself)
-            inputs, taken = self.lent(go.inputs, go.regions, fds)
+            inputs, taken = self.lent(stage.inputs, stage.regions, fds)  # mapped before the judge's clock runs
             regions.extend(taken)
-            fn, args = prepare(entry, inputs, self.cfg["kind"], self.device)
+            self.send(Staged(k))
+            if self.device == "cuda" and POLICY.spin_wait_s:  # the judge's clock runs from before its Go
+                self.channel.spin(POLICY.spin_wait_s)
+            go, _ = self.receive()
+            went[0] = self.timer.perf()
+            if not isinstance(go, Go) or go.index != k:
+                raise Reported
+            fn, args = prepare(entry, inputs, self.cfg["kind"], self.device)  # a module's state is read here
             return (stand_in, args) if stand_in is not None else (fn, args)
 
         def deliver(k: int, out, times: list[float]) -> None:
             output = put_output(self.slot, out, self.timer.sync)
-            self.send(Done(k, times, output))
-            while regions:  # the call's inputs are no longer needed
-                regions.pop().close()
+            self.send(Done(k, [*times, (self.timer.perf() - went[0]) * 1e6], output))
             taken, _ = self.receive()
             if not isinstance(taken, Taken) or taken.index != k:
                 raise Reported
+            while regions:  # unmapped once the judge's clock stopped: a GPU unmap synchronizes the device
+                regions.pop().close()
 
         try:
             timed_burst(self.timer, count, next_call, deliver, filler=filler, held=held)

@@ -3,7 +3,8 @@ the output read out of the judge's slot into the judge's own memory; the judge's
 
 Nothing here believes the candidate's process: its messages are parsed strictly (wire.parse, in RunnerProcess),
 its outputs are the judge's copies, the inputs it was given are checked in the judge's own mapping of them, and a
-timed call's interval runs from the judge's ``Go`` to the judge's copy of the output (time_bound.py).
+timed call's interval runs from before the judge writes its inputs to the judge's copy of the output
+(time_bound.py).
 """
 
 from __future__ import annotations
@@ -13,11 +14,27 @@ import time
 
 from ksearch_graph.harness._torch import load_torch
 from ksearch_graph.harness.judge.runner_process import RunnerProcess
-from ksearch_graph.harness.lending import lend, rebuild, take_output
+from ksearch_graph.harness.lending import LentInputs, lend, rebuild, take_output
+from ksearch_graph.harness.policy import POLICY
 from ksearch_graph.harness.reporting import Failure
 from ksearch_graph.harness.shared_memory import ALIGN, Region, aligned
 from ksearch_graph.harness.tensors import leaves
-from ksearch_graph.harness.wire import Burst, Calibrate, Call, Done, Go, Lend, Output, Ready, Taken, Timed, Warm, Warmed
+from ksearch_graph.harness.wire import (
+    Burst,
+    Calibrate,
+    Call,
+    Done,
+    Go,
+    Lend,
+    Output,
+    Ready,
+    Stage,
+    Staged,
+    Taken,
+    Timed,
+    Warm,
+    Warmed,
+)
 
 
 def output_bytes(value) -> int:
@@ -28,10 +45,12 @@ def output_bytes(value) -> int:
 
 class TimedCall:
     """One timed call as the judge saw it: the candidate's reported [device, tail, probe, host] us, the judge's
-    interval (us: host clock on a GPU, the candidate's tree's CPU time on CPU) and the judge's copy of the output."""
+    interval (us: host clock on a GPU, the candidate's tree's CPU time on CPU), the judge's copy of the output, and
+    ``steps_us``: where in the interval the inputs were written, the L2 flushed and the answer came (for the timing
+    trace: which step's jitter widens the slack)."""
 
-    def __init__(self, times: list[float], span_us: float, output):
-        self.times, self.span_us, self.output = times, span_us, output
+    def __init__(self, times: list[float], span_us: float, output, steps_us: list[float]):
+        self.times, self.span_us, self.output, self.steps_us = times, span_us, output, steps_us
 
 
 class CandidateCalls:
@@ -63,13 +82,12 @@ class CandidateCalls:
             return time.perf_counter() * 1e6
         return self.runner.account.cpu_us()
 
-    def lent(self, inputs):
-        """(tree, regions description, regions, descriptors) of fresh memory holding ``inputs``."""
+    def lent(self, inputs, filled: bool = True) -> LentInputs:
+        """Fresh memory for ``inputs``: holding them, or (``filled`` False) still empty (``LentInputs.fill``)."""
         try:
-            tree, spec, regions = lend(inputs)
+            return lend(inputs) if filled else LentInputs(inputs)
         except ValueError as e:
             raise Failure("runtime_error", f"the task's inputs cannot be lent to the candidate (a task bug): {e}") from None
-        return tree, spec, regions, tuple(r.fd for r in regions)
 
     # -- correctness and warm-up calls ------------------------------------------------------------------------------
 
@@ -77,24 +95,24 @@ class CandidateCalls:
         """One correctness call: (the judge's copy of the output, the inputs as the candidate's call left them in the
         judge's own mapping, host seconds the candidate's process reported, its flags)."""
         self.ensure_slot(output_bytes(expected), where)
-        tree, spec, regions, fds = self.lent(inputs)
+        lent = self.lent(inputs)
         try:
-            reply = self.runner.request(Call(workload, first, tree, spec), timeout_s, where, expect=Output, fds=fds)
+            reply = self.runner.request(Call(workload, first, lent.tree, lent.spec), timeout_s, where,
+                                        expect=Output, fds=lent.fds)
             out = self.take(reply.output)
-            after = rebuild(tree, regions)  # the judge's own view of the memory it lent
-            return out, after, reply.seconds, reply.flags, regions
+            after = rebuild(lent.tree, lent.regions)  # the judge's own view of the memory it lent
+            return out, after, reply.seconds, reply.flags, lent.regions
         except BaseException:
-            for r in regions:
-                r.close()
+            lent.close()
             raise
 
     def warm(self, workload: str, inputs, timeout_s: float, where: str) -> float:
-        tree, spec, regions, fds = self.lent(inputs)
+        lent = self.lent(inputs)
         try:
-            return self.runner.request(Warm(workload, tree, spec), timeout_s, where, expect=Warmed, fds=fds).seconds
+            return self.runner.request(Warm(workload, lent.tree, lent.spec), timeout_s, where, expect=Warmed,
+                                       fds=lent.fds).seconds
         finally:
-            for r in regions:
-                r.close()
+            lent.close()
 
     # -- timed calls ------------------------------------------------------------------------------------------------
 
@@ -115,45 +133,58 @@ class CandidateCalls:
               where: str) -> tuple[list[TimedCall], float | None, dict]:
         """A burst of ``count`` timed calls after a heat on ``heat_inputs``; ``make_inputs(k)``: call k's inputs,
         made only when the candidate's process is ready for it. (calls, untimed median us, flags)."""
-        tree, spec, regions, fds = self.lent(heat_inputs)
+        heat = self.lent(heat_inputs)
         try:
-            reply = self.runner.request(Burst(workload, count, first, tree, spec), deadline - time.monotonic(),
-                                        where, expect=(Ready, Timed), fds=fds)
+            reply = self.runner.request(Burst(workload, count, first, heat.tree, heat.spec),
+                                        deadline - time.monotonic(), where, expect=(Ready, Timed), fds=heat.fds)
             return self.serve(reply, make_inputs, count, deadline, where)
         finally:
-            for r in regions:
-                r.close()
+            heat.close()
 
     def serve(self, reply, make_inputs, count: int, deadline: float, where: str) -> tuple:
-        """The judge's side of a burst, from the candidate's first ``Ready``: each call's inputs made and lent, the L2
-        flushed, then ``Go`` (its clock starts), ``Done`` (the output copied out; its clock stops), ``Taken``."""
+        """The judge's side of a burst, from the candidate's first ``Ready``: each call's input memory lent empty
+        (``Stage``; the candidate's process maps it), then the judge's clock starts, the inputs are written in, the
+        L2 flushed, ``Go``, ``Done`` (the output copied out; the clock stops), ``Taken``. Mapping lent memory costs
+        a GPU process a few hundred us of driver calls that vary from call to call: outside the clock, that jitter
+        does not widen the judge's slack (time_bound.py)."""
         calls = []
         while isinstance(reply, Ready):
             k = len(calls)
             if reply.index != k or k >= count:
                 raise Failure("suspicious", f"{where}: the candidate's process asked for timed call "
                               f"{reply.index + 1} out of turn (next: {k + 1} of {count})")
-            tree, spec, regions, fds = self.lent(make_inputs(k))
+            lent = self.lent(make_inputs(k), filled=False)
             try:
-                self.timer.flush_l2()
+                staged = self.runner.request(Stage(k, lent.tree, lent.spec), deadline - time.monotonic(), where,
+                                             expect=Staged, fds=lent.fds)
+                self.in_turn(staged, k, where)
                 self.timer.sync()
                 start = self.clock()
-                done = self.runner.request(Go(k, tree, spec), deadline - time.monotonic(), where, expect=Done,
-                                           fds=fds)
-                if done.index != k:
-                    raise Failure("suspicious", f"{where}: the candidate's process answered for timed call "
-                                  f"{done.index + 1}, not {k + 1}")
+                lent.fill()
+                written = self.clock() - start
+                self.timer.flush_l2()  # after the inputs were written: the call finds none of them cached
+                self.timer.sync()
+                flushed = self.clock() - start
+                done = self.runner.request(Go(k), deadline - time.monotonic(), where, expect=Done,
+                                           spin_s=POLICY.spin_wait_s if self.device == "cuda" else 0.0)
+                answered = self.clock() - start
+                self.in_turn(done, k, where)
                 out = self.take(done.output)
                 span = self.clock() - start
             finally:
-                for r in regions:
-                    r.close()
-            calls.append(TimedCall(done.times, span, out))
+                lent.close()
+            calls.append(TimedCall(done.times, span, out, [written, flushed, answered]))
             reply = self.runner.request(Taken(k), deadline - time.monotonic(), where, expect=(Ready, Timed))
         if len(calls) != count:
             raise Failure("suspicious", f"{where}: the candidate's process ended the burst after {len(calls)} of "
                           f"{count} timed calls")
         return calls, reply.untimed_median_us, reply.flags
+
+    @staticmethod
+    def in_turn(reply, k: int, where: str) -> None:
+        if reply.index != k:
+            raise Failure("suspicious", f"{where}: the candidate's process answered for timed call "
+                          f"{reply.index + 1}, not {k + 1}")
 
 
 def reference_files(task_dir: str, limit: int = 8 << 20, largest: int = 1 << 20) -> dict[str, str]:

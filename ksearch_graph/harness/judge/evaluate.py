@@ -180,7 +180,8 @@ class Judge:
         # The device time of a timed call that does nothing: what every timed call carries besides its work.
         self.device_floor_us[w["name"]] = min((c.times[0] for c in calls), default=0.0)
         self.timing_trace.write("calibration", w["name"], 0, [c.times for c in calls],
-                                bound={"spans_us": [c.span_us for c in calls]})
+                                bound={"spans_us": [c.span_us for c in calls],
+                                       "steps_us": [c.steps_us for c in calls]})
         self.phases["calibration"] += time.perf_counter() - t0
 
     def time_candidate(self, w: dict) -> tuple[list[float], list[str]]:
@@ -192,7 +193,8 @@ class Judge:
         call_s = min(call_s, self.args.call_timeout_s)
         times, tails, hosts, started, side = [], [], [], time.perf_counter(), SideStreamRule()
         made = 0  # calls made, a dropped burst's included: every call gets inputs of its own
-        clock = time_bound.ContradictionRule()  # bursts the judge's clock contradicts
+        clock = time_bound.ContradictionRule(  # bursts the judge's clock contradicts
+            POLICY.bound_max_dropped if self.device == "cuda" else POLICY.bound_max_dropped_cpu)
         bursts = Bursts()
         cal = self.calibrations.get(name)
         while True:
@@ -222,12 +224,12 @@ class Judge:
             spans = [c.span_us for c in calls]
             reported = honest_times(device, [t[3] for t in timed])[0]
             verdict, why = clock.judge(spans, reported, cal, f"{first + 1}-{made}")
-            bound = time_bound.trace_figures(spans, cal)
+            bound = time_bound.trace_figures(spans, cal, [c.steps_us for c in calls])
             if verdict == "fail":
                 self.timing_trace.write("candidate", name, first, timed, dropped=True, bound=bound)
                 raise Failure("suspicious", f"{where}s {first + 1}-{made}: {why}: its timer was tampered with")
             if verdict == "keep":
-                verdict = side.verdict(device, [tail - probe for _, tail, probe, _ in timed])
+                verdict = side.verdict(device, [t[1] - t[2] for t in timed])
             self.timing_trace.write("candidate", name, first, timed, dropped=verdict == "drop", bound=bound)
             if verdict == "drop":
                 notes.append(f"{name}: {why}" if why else f"{name}: calls {first + 1}-{made} left {side.extra_us:.0f} "

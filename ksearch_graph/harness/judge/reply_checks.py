@@ -33,7 +33,7 @@ def check_flags(flags: dict, where: str) -> None:
 
 def check_burst_timings(timed: list[list[float]], untimed: float | None, where: str, floor_us: float = 0.0,
                         reference: tuple[float, float] | None = None) -> None:
-    """A burst's calls ([device, tail, probe, host] us each, of the protocol's types): untimed calls on repeated
+    """A burst's calls ([device, tail, probe, host, own] us each, of the protocol's types): untimed calls on repeated
     inputs not much faster than timed ones on fresh inputs, and no call whose device time exceeds the host time
     around it. ``floor_us``: the device time of a timed call that does nothing, measured by the judge's calibration
     before any candidate code existed: every timed call carries it (flush, cover, events), back-to-back untimed
@@ -53,7 +53,7 @@ def check_burst_timings(timed: list[list[float]], untimed: float | None, where: 
                       f"calls) took {untimed:.1f} us, the fastest timed call on fresh inputs "
                       f"{fastest:.1f} us ({floor:.1f} us of it the floor of a call that does nothing{why}): "
                       "the candidate does less work when it sees inputs again (cached results?)")
-    for us, _tail, _probe, host_us in timed:
+    for us, _tail, _probe, host_us, *_ in timed:
         if us < 0 or us > host_us * 1.05 + 50:
             raise Failure("suspicious", f"{where}: the device time ({us:.0f} us) is negative or exceeds the "
                           f"host time around the call ({host_us:.0f} us): the timer was tampered with")

@@ -47,15 +47,16 @@ class RunnerProcess:
         self.phase = STARTING_RUNNER  # a death before its "loaded" is never the candidate's doing
 
     def request(self, msg: tuple | None, timeout_s: float, phase: str, expect: type | tuple = object,
-                fds: tuple[int, ...] = ()) -> tuple:
+                fds: tuple[int, ...] = (), spin_s: float = 0.0) -> tuple:
         """Send ``msg`` (None: only wait) and return the answer, one of the ``expect`` types; an Error answer raises
-        its Failure, anything else (another type, a message off the schema) makes the candidate suspicious."""
+        its Failure, anything else (another type, a message off the schema) makes the candidate suspicious.
+        ``spin_s``: poll for the answer without sleeping this long first (a timed call's, on a GPU)."""
         self.phase = phase
         expect = expect if isinstance(expect, tuple) else (expect,)
         try:
             if msg is not None:
                 self.channel.send(msg, fds)
-            if not self.wait(timeout_s):
+            if not (spin_s and self.channel.spin(min(spin_s, timeout_s))) and not self.wait(timeout_s):
                 self.kill()
                 raise Failure("timeout", f"the candidate did not finish {phase} within {timeout_s:g} s")
             data = self.channel.receive_untrusted()
