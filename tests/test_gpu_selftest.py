@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +51,19 @@ def test_the_report_names_its_evaluations_budget_and_dropped_bursts():
     assert "| mm-bf16-3072 | 77.5 us | 1.60% | 0.990-1.010 | 2.00% |" in text
     assert "- mm-bf16-3072: 10: 107.6 (dropped) 10: 77.3; 10: 77.0 | 10: 77.7; 10: 76.6" in text
     assert "| mm-bf16-8192 | failed |" in text
+
+
+def test_the_handover_diagnostic_runs_and_the_report_shows_it_and_the_bound(tmp_path):
+    out = tmp_path / "handover.json"
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "diagnostics" / "diagnose_handover.py"), "--device",
+                           "cpu", "--calls", "8", "--max-mb", "2", "--json", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())
+    assert [r["case"] for r in rows][:2] == ["2 MB fresh", "256 MB fresh, read all"] and all(r["calls"] == 3 for r in rows)
+    report = {"date": "2026-12-07", "environment": "NVIDIA H100", "calibration": [],
+              "handover": {"command": "tools/diagnostics/diagnose_handover.py", "rows": rows},
+              "bound": {"command": "tools/bound_table.py", "rows": {"rows": [{"length_us": 1000.0, "largest_passing": 1.5},
+                                                                            {"length_us": 10000.0, "largest_passing": None}]}}}
+    text = gpu_selftest.markdown(report)
+    assert "| 2 MB fresh |" in text and "1000 us: 1.5, 10000 us: none" in text

@@ -1,7 +1,8 @@
 """The harness's GPU self-test, in one call on a GPU host: the test suite with its GPU tests, then a calibration table.
 
     python tools/gpu_selftest.py [--out DIR] [--skip-tests] [--skip-calibration] [--skip-trimul] [--tests FILE ...]
-                                 [--evaluations N] [--budget-s S]
+                                 [--skip-sandbox-cost] [--skip-handover] [--skip-bound] [--evaluations N]
+                                 [--budget-s S]
 
 1. pytest over the harness's test files with the ``gpu`` marker included (on a CPU machine they skip themselves).
 2. Calibration (tools/calibration/): each workload evaluated by the harness three times (``--evaluations``; each
@@ -17,6 +18,9 @@
    kernels: do_bench read a 4096^3 bf16 matmul at 176.6 and 192.3 us in two calls, so one reading of
    it cannot judge a 5% agreement.
 4. The sandbox's cost: the TriMul seed with and without it (``sandbox_cost``).
+5. The hand-overs of a timed call between two polling processes (tools/diagnostics/diagnose_handover.py) and the
+   judge's bound on forged timings at 1 and 10 ms calls (tools/bound_table.py); ``--skip-handover``,
+   ``--skip-bound``.
 3. TriMul (examples/trimul/, all 25 workloads: 18 correctness-only + 7 timed) with the seed submission, three times
    with one evaluator, as a search would: each finds its processes prestarted (imports done: the first pair starts
    when the search does, ``start_ahead(task)``, and times the reference while it waits; that wait, the cold imports
@@ -236,6 +240,21 @@ def sandbox_cost(report: dict, rounds: int = 2) -> None:
         e.close()
 
 
+def subprocess_stage(report: dict, key: str, argv: list[str], out: Path, timeout_s: float) -> None:
+    """One of the repository's own GPU tools in a process of its own (it forks, or starts evaluators): its JSON
+    rows under ``report[key]``, its output's tail printed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        tail, code = (proc.stdout + proc.stderr)[-3000:], proc.returncode
+    except subprocess.TimeoutExpired:
+        tail, code = f"timed out after {timeout_s:g} s", None
+    print(tail, flush=True)
+    rows = json.loads(out.read_text()) if out.exists() else None
+    report[key] = {"command": " ".join(argv), "returncode": code, "seconds": time.perf_counter() - t0, "rows": rows}
+
+
 def markdown(report: dict) -> str:
     lines = [f"GPU self-test, {report['date']}, {report['environment']}", ""]
     if report.get("tests"):
@@ -271,6 +290,18 @@ def markdown(report: dict) -> str:
                      f"{t['waited_for_prestart_s']:.2f} s for its prestarted processes), reference timing "
                      f"{t['reference_timing']}, prestarted {t['prestarted']}, power-limited workloads "
                      f"{t.get('power_limited')}, phases {t['phases']}")
+    hand = report.get("handover")
+    if hand and hand.get("rows"):
+        lines += ["", f"Hand-overs of a timed call between two polling processes (`{hand['command']}`):", "",
+                  "| case | round trip (us) | hand-over median | p90 | max | over 1 ms |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['case']} | {r['round_trip_median_us']:.0f} | {r['handover_median_us']:.0f} | "
+                  f"{r['handover_p90_us']:.0f} | {r['handover_max_us']:.0f} | {r['over_1ms']} of {r['calls']} |"
+                  for r in hand["rows"]]
+    bound = report.get("bound")
+    if bound and bound.get("rows"):
+        lines += ["", f"The judge's bound (`{bound['command']}`): largest under-reporting factor that passed, per call "
+                  "length: " + ", ".join(f"{r['length_us']:g} us: {r['largest_passing'] or 'none'}"
+                                         for r in bound["rows"]["rows"])]
     cost = report.get("sandbox_cost")
     if cost:
         lines += ["", f"Sandbox cost on the TriMul seed: statuses {cost['status']}, wall s {cost['wall_s']}, "
@@ -288,6 +319,8 @@ def main() -> int:
     p.add_argument("--skip-trimul", action="store_true")
     p.add_argument("--skip-calibration", action="store_true")
     p.add_argument("--skip-sandbox-cost", action="store_true")
+    p.add_argument("--skip-handover", action="store_true", help="skip tools/diagnostics/diagnose_handover.py")
+    p.add_argument("--skip-bound", action="store_true", help="skip tools/bound_table.py (1 and 10 ms calls)")
     p.add_argument("--tests", nargs="*", default=HARNESS_TESTS)
     p.add_argument("--evaluations", type=int, default=3, help="calibration evaluations (at least 2)")
     p.add_argument("--budget-s", type=float, default=1.0, help="calibration: each workload's timing budget")
@@ -312,6 +345,13 @@ def main() -> int:
         sandbox_cost(report)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if not args.skip_handover:
+        subprocess_stage(report, "handover", ["tools/diagnostics/diagnose_handover.py", "--calls", "100", "--json",
+                                              str(out / "handover.json")], out / "handover.json", 120)
+    if not args.skip_bound:
+        subprocess_stage(report, "bound", ["tools/bound_table.py", "--lengths-us", "1000,10000", "--factors",
+                                           "1.5,2,3", "--out", str(out / "bound")], out / "bound" / "bound_table.json",
+                         240)
     (out / "selftest.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "selftest.md").write_text(markdown(report))
     print(markdown(report))
