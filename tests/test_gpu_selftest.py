@@ -63,7 +63,7 @@ def test_the_handover_diagnostic_runs_and_the_report_shows_it_and_the_bound(tmp_
     assert [r["case"] for r in rows][:2] == ["2 MB fresh", "256 MB fresh, read all"] and all(r["calls"] == 3 for r in rows)
     report = {"date": "2026-12-07", "environment": "NVIDIA H100", "calibration": [],
               "handover": {"command": "tools/diagnostics/diagnose_handover.py", "rows": rows},
-              "bound": {"command": "tools/bound_table.py", "rows": {"rows": [{"length_us": 1000.0, "largest_passing": 1.5},
+              "bound": {"command": "tools/bound_table.py", "rows": {"rows": [{"length_us": 1000.0, "largest_passing": 1.5, "largest_gain": 1.1},
                                                                             {"length_us": 10000.0, "largest_passing": None}]}}}
     text = gpu_selftest.markdown(report)
-    assert "| 2 MB fresh |" in text and "1000 us: 1.5, 10000 us: none" in text
+    assert "| 2 MB fresh |" in text and "1000 us: 1.5 (gain 1.1), 10000 us: none (gain -)" in text

@@ -63,7 +63,7 @@ def results(tmp_path_factory):
         files = {"kernel.py": (CHEATS / "honest.py").read_text() if mode == "honest" else source}
         return ev.evaluate(task, files, attempt_id=f"takeover-{mode}")
 
-    names = ["honest", *(m for m in MODES if not (ON_GPU and m == "forked_worker"))]
+    names = ["honest", "minority_lie", *(m for m in MODES if not (ON_GPU and m == "forked_worker"))]
     with ThreadPoolExecutor(max_workers=1 if ON_GPU else 2) as pool:
         return dict(zip(names, pool.map(run, names)))
 
@@ -80,3 +80,31 @@ def test_a_protocol_takeover_fails(results, mode):
     statuses, named = MODES[mode]
     assert r.status in statuses and r.score == 0, f"{r.status.value}: {r.log_excerpt}"
     assert named in r.log_excerpt, r.log_excerpt
+
+
+def test_lying_on_a_minority_of_calls_gains_at_most_the_slack(results):
+    """Every third call reported as 1 us keeps each burst's median honest; each kept call is counted at no less than
+    what the judge's clock leaves for it (time_bound.least_credible_us), so the lie buys little."""
+    r, honest = results["minority_lie"], results["honest"]
+    assert r.status in (Status.passed, Status.suspicious), f"{r.status.value}: {r.log_excerpt}"
+    if r.status == Status.passed:
+        assert "counted at what it leaves" in r.log_excerpt, r.log_excerpt
+        mine = {w.workload: w.latency_us for w in honest.workloads if w.latency_us}
+        for w in r.workloads:
+            if w.latency_us:
+                assert w.latency_us >= mine[w.workload] / 1.5, (w.workload, w.latency_us, mine[w.workload])
+
+
+def test_the_bound_table_measures_what_a_passing_lie_gains(tmp_path):
+    """tools/bound_table.py with a forger lying on every third call: it passes, and gains little."""
+    import subprocess
+    import sys
+
+    root = CHEATS.parent.parent
+    done = subprocess.run([sys.executable, str(root / "tools" / "bound_table.py"), "--lengths-us", "5000", "--factors",
+                           "20", "--every", "3", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [row] = json.loads((tmp_path / "bound_table.json").read_text())["rows"]
+    assert row["honest_us"] and row["largest_passing"] == 20.0, row
+    assert row["largest_gain"] < 1.5, row

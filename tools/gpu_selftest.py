@@ -299,9 +299,10 @@ def markdown(report: dict) -> str:
                   for r in hand["rows"]]
     bound = report.get("bound")
     if bound and bound.get("rows"):
-        lines += ["", f"The judge's bound (`{bound['command']}`): largest under-reporting factor that passed, per call "
-                  "length: " + ", ".join(f"{r['length_us']:g} us: {r['largest_passing'] or 'none'}"
-                                         for r in bound["rows"]["rows"])]
+        lines += ["", f"The judge's bound (`{bound['command']}`): per call length, the largest under-reporting "
+                  "factor that passed and the largest gain it bought: " + ", ".join(
+                      f"{r['length_us']:g} us: {r['largest_passing'] or 'none'} (gain {r.get('largest_gain') or '-'})"
+                      for r in bound["rows"]["rows"])]
     cost = report.get("sandbox_cost")
     if cost:
         lines += ["", f"Sandbox cost on the TriMul seed: statuses {cost['status']}, wall s {cost['wall_s']}, "

@@ -8,10 +8,12 @@ outputs on the inputs the judge lends, and then lies, by MODE:
   leave out the waits of one thread only).
 - "work_ahead": the output worked out on the memory lent for a timed call before the judge's clock starts, and
   ``Done`` sent the moment ``Go`` comes (the memory holds no inputs until the judge has started its clock).
+- "minority_lie": every third timed call reported as 1 us, the others as measured (the median stays honest).
 - "wildcards": fields of other types than the protocol's (a bool for an int, a dict for a number, an offset outside
   the slot).
 
-Expected: suspicious (the judge's clock, or the schema) or incorrect (the judge's copy of the slot at ``Done``).
+Expected: suspicious (the judge's clock, or the schema) or incorrect (the judge's copy of the slot at ``Done``); the
+minority lie may pass, counted at what the judge's clock leaves for each call.
 """
 
 import os
@@ -87,6 +89,11 @@ def _serve():
                     put_output(slot, compute(go.inputs, go.regions, fds), sync)  # the real answer, computed late
                 elif MODE == "forked_worker":
                     channel.send(wire.Done(k, [1.0, 0.0, 0.0, 1.0, 1.0], in_worker(go.inputs, go.regions, fds)))
+                elif MODE == "minority_lie":
+                    t0 = time.perf_counter()
+                    output = put_output(slot, compute(go.inputs, go.regions, fds), sync)
+                    us = 1.0 if k % 3 == 1 else (time.perf_counter() - t0) * 1e6
+                    channel.send(wire.Done(k, [us, 0.0, 0.0, us, us], output))
                 elif MODE == "wildcards":
                     output = put_output(slot, compute(go.inputs, go.regions, fds), sync)
                     channel.sock.send(wire.json.dumps({"type": "Done", "index": True, "times": [

@@ -192,6 +192,7 @@ class Judge:
         # The candidate's process says how long its warm-up call took; it only sizes bursts and their time limit.
         call_s = min(call_s, self.args.call_timeout_s)
         times, tails, hosts, started, side = [], [], [], time.perf_counter(), SideStreamRule()
+        least = []  # per kept call: the least the judge's clock lets it be counted at (time_bound.least_credible_us)
         made = 0  # calls made, a dropped burst's included: every call gets inputs of its own
         clock = time_bound.ContradictionRule(  # bursts the judge's clock contradicts
             POLICY.bound_max_dropped if self.device == "cuda" else POLICY.bound_max_dropped_cpu)
@@ -239,6 +240,7 @@ class Judge:
                 times += device
                 tails += [t[1] for t in timed]
                 hosts += [t[3] for t in timed]
+                least += [time_bound.least_credible_us(span, cal) for span in spans]
             # The process's own heat figure (a total so far), bounded by this burst's time here and by the longest
             # heat there is: it only decides whether three bursts fit, so a process that overstates it gets at most
             # heat_max_s of room for them (another burst or two, within the call limits), and one that understates
@@ -258,6 +260,11 @@ class Judge:
                          f"in a burst timed after {side.dropped} dropped for it (work on another stream?); every call "
                          "timed until the whole device was idle")
         times, on_host = honest_times(side.reported(times, tails), hosts)
+        raised = sum(t < low for t, low in zip(times, least))
+        if raised:
+            times = [max(t, low) for t, low in zip(times, least)]
+            notes.append(f"{name}: {raised} of {len(times)} timed calls reported less than the judge's clock leaves "
+                         "for them beyond its slack; counted at what it leaves")
         if on_host:
             self.host_timed.append(name)
             notes.append(f"{name}: every timed call read 0 us of device time (no work between its events: a view "

@@ -106,6 +106,16 @@ def threshold_us(reported_us: float, cal: Calibration) -> float:
     return reported_us * (1 + cal.rel_slack) + slack_us(cal)
 
 
+def least_credible_us(span_us: float, cal: Calibration | None) -> float:
+    """The least time a call whose interval the judge measured as ``span_us`` may be counted at: what its floor
+    leaves after the slack (the reported time ``threshold_us`` would still accept). A burst's rule judges its
+    quantile and its sum; a forger that lies on a minority of calls passes both, so every kept call is counted at
+    no less than this."""
+    if cal is None:
+        return 0.0
+    return max(0.0, (device_floor_us(span_us, cal) - slack_us(cal)) / (1 + cal.rel_slack))
+
+
 def contradiction(spans_us: list[float], reported_us: list[float], cal: Calibration | None) -> str | None:
     """Why the judge's clock contradicts a burst's reported device times (``spans_us``: the judge's interval per
     call, the last call's included), or None. Per call on a quantile of the floors (a collection or a preempted host
