@@ -350,13 +350,18 @@ def test_a_timing_trace_has_every_timed_call_of_reference_and_candidate_and_the_
         for who, runs in (("reference", None), ("candidate", w.runs)):
             calls = [c for line in lines if (line["who"], line["workload"]) == (who, w.workload)
                      and not line.get("dropped") for c in line["calls"]]
-            assert len(calls) >= 3 and all(len(c) == 4 for c in calls), (who, w.workload, calls)
+            # The reference's [device, tail, probe, host] us; the candidate's process adds its own Go-to-Done time.
+            assert len(calls) >= 3 and all(len(c) == (4 if who == "reference" else 5) for c in calls), (
+                who, w.workload, calls)
             if runs is not None:
                 assert len(calls) == runs
                 # The device times, or with the whole tail added where the escape check charged it (a GPU can
-                # read a few us kernel's tails long while another process uses it).
+                # read a few us kernel's tails long while another process uses it); calls the judge's clock
+                # raised (a stalled host) are named in the log and only ever raise the mean.
+                raised = f"{w.workload}: " in r.log_excerpt and "counted at what it leaves" in r.log_excerpt
                 assert w.latency_us in (pytest.approx(statistics.fmean(c[0] for c in calls), rel=1e-3),
-                                        pytest.approx(statistics.fmean(c[0] + c[1] for c in calls), rel=1e-3))
+                                        pytest.approx(statistics.fmean(c[0] + c[1] for c in calls), rel=1e-3)) or (
+                    raised and w.latency_us > statistics.fmean(c[0] for c in calls)), explain(r)
 
     # A path that cannot be written turns the trace off; the evaluation goes on.
     monkeypatch.setenv("KSEARCH_TIMING_TRACE", str(tmp_path / "no-such-folder" / "trace.jsonl"))
