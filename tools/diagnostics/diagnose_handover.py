@@ -17,12 +17,13 @@ import argparse
 import array
 import json
 import os
-import select
 import socket
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from ksearch_graph.harness.wire import Channel  # noqa: E402  (the standard library only, no torch)
 
 MB = 1 << 20
 CASES = [("2 MB fresh", 2 * MB, 2 * MB, False), ("256 MB fresh, read all", 256 * MB, 256 * MB, False),
@@ -31,9 +32,8 @@ CASES = [("2 MB fresh", 2 * MB, 2 * MB, False), ("256 MB fresh, read all", 256 *
 
 
 def poll(sock, seconds: float = 0.05) -> None:
-    until = time.perf_counter() + seconds
-    while time.perf_counter() < until and not select.select([sock], [], [], 0)[0]:
-        pass
+    """Wait for the next message without sleeping, as the harness's polling does (``wire.Channel.spin``)."""
+    Channel(sock).spin(seconds)
 
 
 def send(sock, obj: dict, fds: tuple = ()) -> None:
