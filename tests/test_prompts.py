@@ -131,6 +131,12 @@ def test_every_prompt_kind_carries_the_papers_context(monkeypatch, name):
     assert "FAILING-CODE" in prompts["too_hard"] and "SyntaxError: bad" in prompts["too_hard"]
     assert "BEST-CODE" in prompts["update"] and "FIRST-ERROR" in prompts["update"]
     assert "The frontier is weak" in prompts["refill"]
+    # How to update after a cycle is in the planner's system message (every planner prompt's cached head); the
+    # update itself names its node and its case last.
+    assert all("After each cycle you update the tree" in prompts[k] for k in ("init", "update", "too_hard", "refill"))
+    tail = prompts["update"].split("# What to do now")[-1]
+    assert 'Write "reflection" about node n11 (CURRENT, FOLLOW_THROUGH, UPDATE_BELIEF, PERF_GAP).' in tail
+    assert "node n11 is now closed" in prompts["update"] and "n11 was too hard as stated" in prompts["too_hard"]
     # The coder reads its history: earlier failures and the change each made.
     assert "HISTORY-ERROR-1" in prompts["debug"] and "+b = 3  # TRIED-FIX" in prompts["debug"]
     assert "HISTORY-ERROR-1" in prompts["improve"] and "LAST-FAILURE" in prompts["debug"]

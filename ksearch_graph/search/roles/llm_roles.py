@@ -256,9 +256,7 @@ class LLMPlanner:
         def outcome(limits):
             return f"\n# The cycle's best code ({b['id']}, now attached to {evidence.node_id})\n```\n{_clip(code, limits['outcome'])}\n```\n"
 
-        instructions = (f"Node {evidence.node_id} is now closed. Insert 1-3 open actions under it (at least one: the "
-                        "continuation of this success), re-score other open actions with what you learned "
-                        "(update), prune ones that are now wrong or dominated.")
+        instructions = f"The cycle succeeded: node {evidence.node_id} is now closed (see \"After each cycle\")."
         return self._update(task, wm, evidence, observed, performance, outcome, len(code), instructions, errors, sol)
 
     def too_hard(self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str],
@@ -277,10 +275,8 @@ class LLMPlanner:
                 text += f"```\n{shown}\n```\n"
             return text + f"Its failure:\n```\n{_clip(log, max(0, share - len(shown)))}\n```\n"
 
-        instructions = (f"The action on {evidence.node_id} was too hard as stated. Judge from the code and its "
-                        "failure whether the idea or only its implementation failed: down-score it (update value / "
-                        "difficulty), rewrite it into something implementable, split it into smaller steps, or "
-                        "prune it if the idea itself is wrong.")
+        instructions = (f"No attempt passed: the action on {evidence.node_id} was too hard as stated (see \"After "
+                        "each cycle\"): was the idea wrong, or only its implementation?")
         return self._update(task, wm, evidence, "no passing attempt", performance, outcome, len(code) + len(log),
                             instructions, errors, sol)
 
