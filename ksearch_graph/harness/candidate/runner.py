@@ -39,6 +39,7 @@ from ksearch_graph.harness.modules import load_module  # noqa: E402
 from ksearch_graph.harness.policy import POLICY  # noqa: E402
 from ksearch_graph.harness.reporting import Failure, Reported, clip, describe, progress  # noqa: E402
 from ksearch_graph.harness.shared_memory import Region  # noqa: E402
+from ksearch_graph.harness.spin_cores import pin  # noqa: E402
 from ksearch_graph.harness.tasks import prepare  # noqa: E402
 from ksearch_graph.harness.timer import Timer  # noqa: E402
 from ksearch_graph.harness.timing import timed_burst  # noqa: E402
@@ -413,6 +414,8 @@ def main() -> None:
             return
         if cfg["device"] == "auto":
             cfg["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        if cfg["device"] == "cuda" and cfg.get("cores"):
+            pin(cfg["cores"])  # off the judge's core while both poll (spin_cores.py)
         if cfg["device"] == "cpu":
             os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
             torch.set_num_threads(1)  # CPU timings only order candidates; keep them steady

@@ -16,6 +16,7 @@ from ksearch_graph.harness.judge.gpu_share import STARTING, STOPPING, DeviceShar
 from ksearch_graph.harness.judge.runner_process import RunnerProcess
 from ksearch_graph.harness.judge.sandbox import Sandbox
 from ksearch_graph.harness.reporting import Failure
+from ksearch_graph.harness.spin_cores import pin, split_cores
 from ksearch_graph.harness.timer import Timer
 from ksearch_graph.harness.wire import Begin, Loaded
 
@@ -79,6 +80,8 @@ class Session:
     def __init__(self, args):
         self.cfg = {"candidate": os.path.abspath(args.candidate), "device": "auto",
                     "judge_pid": os.getpid(), "isolate_network": not args.no_network_isolation}
+        self.cores = split_cores()
+        self.cfg["cores"] = self.cores[1] if self.cores else None  # the runner keeps to them on a GPU
         private_tmp = os.environ.get("TMPDIR") or "/tmp"
         # The candidate's compile cache for this evaluation: empty, or a copy of what earlier evaluations of the same
         # source left (compile_cache.py), filled once the job names the candidate.
@@ -96,6 +99,8 @@ class Session:
         self.device = "cpu"
         if torch.cuda.is_available():
             self.device = "cuda"
+            if self.cores:
+                pin([self.cores[0]])
         else:
             # CPU timings only order candidates, so make them steady: on a busy machine an OpenMP barrier waiting
             # for a descheduled worker thread adds a whole scheduler tick (~8 ms) to a 10 us torch call.
