@@ -13,6 +13,10 @@ import os
 
 from ksearch_graph.harness.policy import POLICY
 
+# Judges of different GPUs time at the same moment; each must poll on a core of its own that no candidate uses. One
+# core per GPU of an eight-GPU node, at most half of the host's.
+JUDGE_CORES = 8
+
 
 def split_cores() -> tuple[int, list[int]] | None:
     """(the judge's core, the candidate's cores); None where nobody polls or fewer than two cores are ours."""
@@ -21,8 +25,14 @@ def split_cores() -> tuple[int, list[int]] | None:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return None
-    judge = cores[os.getpid() % len(cores)]  # the judges of a pool's lanes spread over the host's cores
-    return judge, [c for c in cores if c != judge]
+    reserved = min(JUDGE_CORES, len(cores) // 2)
+    return cores[gpu_index() % reserved], cores[reserved:]
+
+
+def gpu_index() -> int:
+    """The first GPU this process may use, as the pool names it (``CUDA_VISIBLE_DEVICES``); 0 where it names none."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(first) if first.isdigit() else 0
 
 
 def pin(cores: list[int]) -> None:
