@@ -3,7 +3,7 @@
 A process woken by a message can be placed on the core of the process that sent it, and wait there, runnable, while
 that one polls: on an H100 host the candidate's process sat 1.2-3.7 ms a call behind its polling judge on the GQA
 task's largest workloads (40-50 us elsewhere; docs/timing.md, "Polling instead of sleeping"). So the judge's thread
-keeps one core and the candidate's process the others.
+keeps a core of its own and the candidate's process keeps off every judge's core.
 """
 
 from __future__ import annotations
