@@ -92,7 +92,8 @@ def main() -> int:
         t0 = time.perf_counter()
         r = ev.evaluate(task, {"kernel.py": FORGER.format(length=length, factor=factor, every=args.every)},
                         attempt_id=f"bound-{length:g}-{factor:g}")
-        print(f"{length:g} us x{factor:g}: {r.status.value} ({time.perf_counter() - t0:.1f} s) "
+        latency = f"{r.latency_us:.0f} us" if r.latency_us else "-"
+        print(f"{length:g} us x{factor:g}: {r.status.value}, latency {latency} ({time.perf_counter() - t0:.1f} s) "
               f"{r.log_excerpt[:160]!r}", flush=True)
         return r
 
