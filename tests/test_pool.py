@@ -172,6 +172,10 @@ def test_lanes_share_a_gpu_and_leave_the_pool_with_it(monkeypatch):
     assert [s.evaluator for s in pool.slots] == ["0", "0", "1", "1"]
     gpu0, other_lane = pool.slots[0], pool.slots[1]
     assert pool.lanes_of(gpu0) == [gpu0, other_lane]
+    # Under CUDA_VISIBLE_DEVICES=5,7 our GPU 1 is the host's 7: that is what the slot's processes must be told.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    assert [s.evaluator for s in local_pool(lambda env: env["CUDA_VISIBLE_DEVICES"]).slots] == ["5", "7"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     # gpu0.0 breaks its GPU while gpu0.1 evaluates: both lanes leave; the recheck returns the idle one at once and
     # the busy one only when its evaluation ends (never lent twice).
     checks = []

@@ -105,7 +105,8 @@ class EvaluationPool:
 
     def check(self, slot: Slot) -> bool:
         """A tiny CUDA operation on the slot's GPU, in a fresh process: True if it works."""
-        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"} | {"CUDA_VISIBLE_DEVICES": slot.gpu}
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"} | {
+            "CUDA_VISIBLE_DEVICES": child_device(slot.gpu)}
         try:
             return subprocess.run([self.python, "-c", HEALTH_CHECK], env=env, capture_output=True,
                                   timeout=120).returncode == 0
@@ -203,6 +204,16 @@ def visible_gpus() -> list[tuple[str, str]]:
     return [(str(i), physical[d]) for i, d in enumerate(chosen) if d in physical]
 
 
+def child_device(index: str) -> str:
+    """What a child's ``CUDA_VISIBLE_DEVICES`` names so that it sees this process's GPU ``index`` (CUDA numbers the GPUs
+    this process may use from 0: under ``CUDA_VISIBLE_DEVICES=2,3`` our GPU 0 is the host's 2)."""
+    allowed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if allowed is None or not index.isdigit():
+        return index
+    chosen = [d.strip() for d in allowed.split(",") if d.strip()]
+    return chosen[int(index)] if int(index) < len(chosen) else index
+
+
 def default_cpu_slots() -> int:
     """Without a GPU: half the cores, at least one. An evaluation keeps about two processes busy at times (the judge
     and the candidate's, each importing torch), so one slot per core would make every evaluation slower."""
@@ -240,7 +251,7 @@ def local_pool(make_evaluator: Callable[[dict[str, str]], Evaluator], *, gpus: s
         if cpu_slots is not None:
             raise PoolError("--cpu-slots is for machines without a GPU; choose GPUs with --gpus")
         return EvaluationPool([Slot(f"gpu{i}" if lanes == 1 else f"gpu{i}.{lane}", m, i,
-                                    make_evaluator({"CUDA_VISIBLE_DEVICES": i}))
+                                    make_evaluator({"CUDA_VISIBLE_DEVICES": child_device(i)}))
                                for i, m in found for lane in range(lanes)])
     if cpu_slots is not None and cpu_slots < 1:
         raise PoolError(f"--cpu-slots must be at least 1, not {cpu_slots}")
