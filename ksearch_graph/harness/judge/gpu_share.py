@@ -23,6 +23,7 @@ import time
 
 from ksearch_graph.harness._torch import load_torch
 from ksearch_graph.harness.reporting import progress
+from ksearch_graph.harness.spin_cores import pinned
 
 TIMING = "timing"  # the one exclusive hold; the others are shared, and named for the record
 CHECKING, STARTING, STOPPING = "checking", "starting", "stopping"
@@ -42,6 +43,7 @@ class DeviceShare:
         self.spans: list[tuple[str, float, float]] = []
         self.waited_s = 0.0
         self._name: str | None = None
+        self.polling_core: int | None = None  # while timing, this thread keeps to it (spin_cores.py)
 
     def _path(self, kind: str) -> str:
         if self._name is None:
@@ -66,7 +68,8 @@ class DeviceShare:
             self.waited_s += time.perf_counter() - t0
             start = time.time()
             try:
-                yield
+                with pinned(self.polling_core if exclusive else None):
+                    yield
             finally:
                 self.spans.append((what, start, time.time()))
                 fcntl.flock(device, fcntl.LOCK_UN)

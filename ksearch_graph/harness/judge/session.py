@@ -16,7 +16,7 @@ from ksearch_graph.harness.judge.gpu_share import STARTING, STOPPING, DeviceShar
 from ksearch_graph.harness.judge.runner_process import RunnerProcess
 from ksearch_graph.harness.judge.sandbox import Sandbox
 from ksearch_graph.harness.reporting import Failure
-from ksearch_graph.harness.spin_cores import pin, split_cores
+from ksearch_graph.harness.spin_cores import split_cores
 from ksearch_graph.harness.timer import Timer
 from ksearch_graph.harness.wire import Begin, Loaded
 
@@ -99,14 +99,14 @@ class Session:
         self.device = "cpu"
         if torch.cuda.is_available():
             self.device = "cuda"
-            if self.cores:
-                pin([self.cores[0]])
         else:
             # CPU timings only order candidates, so make them steady: on a busy machine an OpenMP barrier waiting
             # for a descheduled worker thread adds a whole scheduler tick (~8 ms) to a 10 us torch call.
             torch.set_num_threads(1)
         self.phases["imports"] = time.perf_counter() - t0
         self.share = DeviceShare(args.lock_dir, self.device)
+        if self.device == "cuda" and self.cores:
+            self.share.polling_core = self.cores[0]  # the judge's thread keeps to it while it times
         t0 = time.perf_counter()
         try:
             # Both processes touch the device (contexts, the timers' buffers, the launch cover) only under this

@@ -256,7 +256,7 @@ class LLMPlanner:
         def outcome(limits):
             return f"\n# The cycle's best code ({b['id']}, now attached to {evidence.node_id})\n```\n{_clip(code, limits['outcome'])}\n```\n"
 
-        instructions = f"The cycle succeeded: node {evidence.node_id} is now closed (see \"After each cycle\")."
+        instructions = f"An attempt passed: node {evidence.node_id} is now closed (see \"After each cycle\")."
         return self._update(task, wm, evidence, observed, performance, outcome, len(code), instructions, errors, sol)
 
     def too_hard(self, task: Task, wm: WorldModel, evidence: Evidence, *, errors: list[str],
