@@ -157,6 +157,10 @@ def test_planner_prompts_fit_the_context(monkeypatch, softmax_task, context):
         assert softmax_task.seed_source in full and softmax_task.spec_text in full
     if context <= 2500:  # a tiny one: compact, and the long parts were cut or dropped
         assert "cut to fit" in full or softmax_task.seed_source not in full
+    if planner.budget.compact:  # a small context: the rules for an update go only where they are needed
+        assert "# After each cycle" not in prompts[0][0].content and "# After each cycle" in prompts[1][0].content
+    else:  # elsewhere in every planner call: the system message a provider's cache reuses
+        assert all("# After each cycle" in messages[0].content for messages in prompts)
 
 
 @pytest.mark.parametrize("context", [1200, 8192])

@@ -138,8 +138,9 @@ def _clip(text: str, limit: int) -> str:
 
 
 def prompt_template(name: str) -> str:
-    """A prompt template: the package's own (shipped in the wheel), or from $KSEARCH_PROMPTS_DIR if set."""
-    if folder := os.environ.get("KSEARCH_PROMPTS_DIR"):
+    """A prompt template: from $KSEARCH_PROMPTS_DIR where it is set and holds one of that name (a folder may hold only
+    the prompts it changes), else the package's own (shipped in the wheel)."""
+    if (folder := os.environ.get("KSEARCH_PROMPTS_DIR")) and (Path(folder) / f"{name}.md").is_file():
         return (Path(folder) / f"{name}.md").read_text(encoding="utf-8")
     return resources.files("ksearch_graph.search.roles").joinpath("prompts", f"{name}.md").read_text(encoding="utf-8")
 
@@ -217,9 +218,13 @@ class LLMPlanner:
         return PromptBudget.for_settings(self.settings, structured=True)
 
     def _ask(self, build: Callable[[dict[str, int]], str], pieces: dict[str, int],
-             schema: type[EditScript] = EditScript) -> tuple[EditScript, Usage]:
-        """Ask with the user prompt ``build(limits)``, its pieces cut to fit the context."""
+             schema: type[EditScript] = EditScript, *, after_cycle: bool = False) -> tuple[EditScript, Usage]:
+        """Ask with the user prompt ``build(limits)``, its pieces cut to fit the context. The rules for updating
+        after a cycle are part of every planner call's system message (the head a provider's cache reuses), but
+        only of an update's where the context is small."""
         system = prompt("planner_system")
+        if after_cycle or not self.budget.compact:
+            system += "\n" + prompt("planner_after_cycle")
         _, user = fit_prompt(lambda limits: [system, build(limits)], pieces, self.budget)
         ledger = TokenLedger()
         client = LLMClient(self.settings, "planner", ledger, chat_model=self.chat_model)
@@ -317,7 +322,8 @@ class LLMPlanner:
                 frontier_note=note, errors_section=_errors_section(errors),
             )
 
-        return self._ask(build, self._pieces(task, wm.analysis, world_model=render_chars, outcome=outcome_chars))
+        return self._ask(build, self._pieces(task, wm.analysis, world_model=render_chars, outcome=outcome_chars),
+                         after_cycle=True)
 
 
 _FORMAT_RULES = {
