@@ -195,22 +195,26 @@ def visible_gpus() -> list[tuple[str, str]]:
     except (OSError, subprocess.SubprocessError):
         return []
     gpus = [tuple(part.strip() for part in line.split(",", 1)) for line in out.splitlines() if "," in line]
-    allowed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if allowed is None:
+    chosen = allowed_devices()
+    if chosen is None:
         return gpus
     # CUDA renumbers the visible GPUs from 0 in the order given.
     physical = dict(gpus)
-    chosen = [d.strip() for d in allowed.split(",") if d.strip()]
     return [(str(i), physical[d]) for i, d in enumerate(chosen) if d in physical]
+
+
+def allowed_devices() -> list[str] | None:
+    """The GPUs this process may use, as its ``CUDA_VISIBLE_DEVICES`` names them; None where it is not set."""
+    allowed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if allowed is None else [d.strip() for d in allowed.split(",") if d.strip()]
 
 
 def child_device(index: str) -> str:
     """What a child's ``CUDA_VISIBLE_DEVICES`` names so that it sees this process's GPU ``index`` (CUDA numbers the GPUs
     this process may use from 0: under ``CUDA_VISIBLE_DEVICES=2,3`` our GPU 0 is the host's 2)."""
-    allowed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if allowed is None or not index.isdigit():
+    chosen = allowed_devices()
+    if chosen is None or not index.isdigit():
         return index
-    chosen = [d.strip() for d in allowed.split(",") if d.strip()]
     return chosen[int(index)] if int(index) < len(chosen) else index
 
 
