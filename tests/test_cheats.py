@@ -426,11 +426,13 @@ def test_gpu_timing_cheat_gains_nothing(evaluations, honest, name):
 @pytest.mark.gpu
 def test_side_stream_work_in_the_first_burst_only_is_dropped_and_timed_again(evaluations, honest):
     """The first burst that leaves work running is not kept (an honest host can read a burst's tails long): the
-    workload is timed again, so escaping only while the harness decides gains nothing."""
+    workload is timed again, or, where the judge's own clock already bounds that burst, its short call is counted at
+    what the clock leaves; either way escaping only while the harness decides gains nothing."""
     r = evaluations["side_stream_first_burst"]
     assert_no_timing_gain(r, honest)
     if r.status == Status.passed:
-        assert "dropped and timed again" in r.log_excerpt and "every call timed until" not in r.log_excerpt, show(r)
+        caught = "dropped and timed again" in r.log_excerpt or "counted at what it leaves" in r.log_excerpt
+        assert caught and "every call timed until" not in r.log_excerpt, show(r)
 
 
 @pytest.mark.gpu
