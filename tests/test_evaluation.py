@@ -41,6 +41,23 @@ def wrapping_seed(task: Task, body: str) -> dict[str, str]:
     return {"kernel.py": kernel + textwrap.indent(body, "    ") + "\n", "naive.py": task.seed_source}
 
 
+# Warnings that libraries raise with a stacklevel past their own frame: attributed to the harness's frames (its import
+# of the candidate, its timed call), which gives the harness's modules a __warningregistry__.
+WARNS = """\
+import warnings
+
+from naive import softmax as naive
+
+warnings.warn("this module is deprecated", DeprecationWarning, stacklevel=2)
+
+
+def softmax(x):
+    for level in (2, 3, 4):
+        warnings.warn("a slow path", UserWarning, stacklevel=level)
+    return naive(x)
+"""
+
+
 @pytest.fixture(scope="module")
 def hang_mark() -> str:
     """A sleep duration no other process uses: the hanging candidate's grandchild is found by it in /proc (its
@@ -70,6 +87,7 @@ while True:
         "wrong_dtype": (quick, wrapping_seed(task, "return naive(x).double()")),
         "mutates_input": (quick, wrapping_seed(task, "y = naive(x)\nx.zero_()\nreturn y")),
         "returns_input": (quick, wrapping_seed(task, "return x")),
+        "warns": (quick, {"kernel.py": WARNS, "naive.py": task.seed_source}),
         "environment": (quick, wrapping_seed(
             task, "raise RuntimeError(f'visible: {sorted(k for k in os.environ if k.endswith((\"_KEY\", \"_SEED\")))}')"
         )),
@@ -97,6 +115,13 @@ def test_seed_solution_passes(task, results):
     assert r.score > 0 and r.compile_s > 0 and r.wall_s > r.compile_s
     # CPU (interpreter) timings only rank candidates; GPU timings are the real thing.
     assert r.timing_representative == (r.environment["device"] == "cuda")
+
+
+def test_a_candidate_whose_warnings_point_at_the_harness_passes(results):
+    """warnings.warn gives the module a warning is attributed to a ``__warningregistry__``; on the harness's modules
+    that is not the candidate changing them (a CuPy and torch-extension candidate was flagged so on an H100)."""
+    r = result(results, "warns")
+    assert r.status == Status.passed, r.log_excerpt
 
 
 @pytest.mark.parametrize("variant", ["single_pass", "online", "two_pass"])

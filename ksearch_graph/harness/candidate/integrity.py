@@ -79,8 +79,10 @@ class Integrity:
         self.types.append((label, space, type(space)))
 
     def watch_module(self, label: str, module: types.ModuleType) -> None:
-        """A module and every class it defines."""
-        self.watch(label, module)
+        """A module and every class it defines. Its ``__warningregistry__`` is left out: ``warnings.warn`` adds it to
+        the module a warning is attributed to (an honest library's ``stacklevel`` can point at the harness's frame),
+        and only the warnings machinery reads it."""
+        self.watch(label, module, ("__warningregistry__",))
         for name, value in vars(module).items():
             if isinstance(value, type) and value.__module__ == module.__name__:
                 self.watch(f"{label}.{name}", value)
