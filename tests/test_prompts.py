@@ -174,6 +174,7 @@ def test_a_cpu_run_says_its_timings_are_not_gpu_numbers(monkeypatch):
         task, WorldModel.new("softmax"), errors=[], sol=SpeedOfLight("cpu", task_work(task)))
     text = str(prompts[0][1].content)
     assert "no GPU" in text and "floor us" not in text and "38.4 KB" in text  # the work, without a floor
+    assert "@triton.autotune fails there" in text  # every call of an autotuned kernel fails in the interpreter
 
 
 # ------------------------------------------------------------------------------------------------ the graph

@@ -72,8 +72,11 @@ def task_block(task: Task, *, spec: str, reference: str, sol: SpeedOfLight | Non
 def gpu_section(task: Task, sol: SpeedOfLight) -> str:
     gpu = sol.gpu
     if not sol.device or sol.device == "cpu":
+        # Triton's autotuner benchmarks through a GPU driver, which the interpreter has not: every call of an
+        # autotuned kernel fails there ("0 active drivers").
         where = ("no GPU: candidates run in Triton's CPU interpreter, so timings rank candidates but are not GPU "
-                 "numbers, and there is no floor")
+                 "numbers, and there is no floor; @triton.autotune fails there (it needs a GPU driver): pass one "
+                 "fixed config")
     elif gpu is None:
         where = f"{sol.device} (not in ksearch's table of GPU peaks: no floor)"
     else:
