@@ -93,6 +93,40 @@ def test_a_compiler_outside_usr_and_an_environment_under_tmp_stay_visible(tmp_pa
     assert all(i > tmpfs for i, (_, src) in enumerate(binds) if src.startswith("/tmp/"))
 
 
+def _linked_environment(tmp_path: Path) -> tuple[Path, Path]:
+    """An import-path folder whose package is a link to a folder elsewhere, as uv's --link-mode=symlink or a Nix
+    profile makes them, and one link to a folder that holds the home."""
+    store = tmp_path / "store" / "linkedpkg"
+    store.mkdir(parents=True)
+    (store / "__init__.py").write_text("VALUE = 42\n")
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / "linkedpkg").symlink_to(store)
+    (site / "everything").symlink_to("/")
+    return site, store
+
+
+def test_packages_linked_into_the_environment_are_bound_where_the_links_point(tmp_path, monkeypatch):
+    site, store = _linked_environment(tmp_path)
+    monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
+    paths = sandbox.python_paths()
+    assert str(site) in paths and str(store) in paths
+    assert "/" not in paths  # a link to a folder holding the home is not followed
+
+
+@needs_sandbox
+def test_a_candidate_imports_a_package_linked_into_the_environment(tmp_path, monkeypatch):
+    site, _ = _linked_environment(tmp_path / "env")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
+    (tmp_path / "c").mkdir()
+    (tmp_path / "k").mkdir()
+    cmd, env = sandbox.Sandbox("bwrap").command(
+        [sys.executable, "-c", "import linkedpkg; print(linkedpkg.VALUE)"], candidate=str(tmp_path / "c"),
+        cache=str(tmp_path / "k"), env=dict(os.environ), extra_env={})
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "42", done.stderr[-2000:]
+
+
 def test_without_bubblewrap_the_evaluator_refuses_with_the_install_hint(monkeypatch):
     monkeypatch.setenv(sandbox.BWRAP_ENV, "/nonexistent/bwrap")
     reason = sandbox.unavailable_reason.__wrapped__()

@@ -76,7 +76,23 @@ def python_paths() -> list[str]:
     root = os.path.realpath(HARNESS_ROOT)
     out = {os.path.join(root, "ksearch_graph") if os.path.realpath(p) == root else p for p in paths}
     out.add(os.path.join(root, "ksearch_graph"))
+    for folder in [p for p in paths if os.path.realpath(p) != root]:
+        out |= {t for t in _link_targets(folder) if not any(t == p or t.startswith(p + os.sep) for p in out)}
     return sorted(p for p in out if not _under_system(p))
+
+
+def _link_targets(folder: str) -> set[str]:
+    """Where the links directly inside ``folder`` point: an environment assembled from links (uv's
+    ``--link-mode=symlink``, a Nix profile) keeps its packages elsewhere, and a bound folder of dangling links
+    imports nothing. Links deeper inside a package are not followed, and none to a folder that holds the user's home
+    (binding it would show the whole home)."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return set()
+    home = os.path.realpath(os.path.expanduser("~"))
+    targets = {os.path.realpath(e.path) for e in entries if e.is_symlink() and os.path.exists(e.path)}
+    return {t for t in targets if not (home == t or home.startswith(t.rstrip(os.sep) + os.sep))}
 
 
 def import_path() -> list[str]:
