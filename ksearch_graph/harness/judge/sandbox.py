@@ -77,7 +77,7 @@ def python_paths() -> list[str]:
     out = {os.path.join(root, "ksearch_graph") if os.path.realpath(p) == root else p for p in paths}
     out.add(os.path.join(root, "ksearch_graph"))
     for folder in [p for p in paths if os.path.realpath(p) != root]:
-        out |= {t for t in _link_targets(folder) if not any(t == p or t.startswith(p + os.sep) for p in out)}
+        out |= {t for t in _link_targets(folder) if not any(_inside(t, p) for p in out)}
     return sorted(p for p in out if not _under_system(p))
 
 
@@ -92,7 +92,7 @@ def _link_targets(folder: str) -> set[str]:
         return set()
     home = os.path.realpath(os.path.expanduser("~"))
     targets = {os.path.realpath(e.path) for e in entries if e.is_symlink() and os.path.exists(e.path)}
-    return {t for t in targets if not (home == t or home.startswith(t.rstrip(os.sep) + os.sep))}
+    return {t for t in targets if not _inside(home, t)}
 
 
 def import_path() -> list[str]:
@@ -101,8 +101,13 @@ def import_path() -> list[str]:
     return [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]
 
 
+def _inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
 def _under_system(path: str) -> bool:
-    return any(path == s or path.startswith(s + os.sep) for s in ("/usr",))
+    return _inside(path, "/usr")
 
 
 def gpu_devices() -> list[str]:
@@ -172,7 +177,7 @@ def _bin_dirs(path: str) -> list[str]:
     """PATH inside: the Python environment's bin folder, then the system's folders of the caller's PATH."""
     dirs = [os.path.join(sys.prefix, "bin")]
     for d in path.split(os.pathsep):
-        if d and d not in dirs and (any(d == s or d.startswith(s + "/") for s in SYSTEM)):
+        if d and d not in dirs and any(_inside(d, s) for s in SYSTEM):
             dirs.append(d)
     return dirs + [d for d in ("/usr/local/bin", "/usr/bin", "/bin") if d not in dirs]
 
