@@ -8,6 +8,7 @@ scripted coder whose judgement reads the cycle's history.
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 from conftest import REPO, SOFTMAX, insert, script
@@ -103,7 +104,8 @@ def _render_all(monkeypatch, task, sol) -> dict[str, str]:
                             history_files=files + [{"kernel.py": "LAST-CODE"}], **common))
     coder.write(CodeRequest(kind="improve", base_files={"kernel.py": "CYCLE-BEST"}, base_summary={
         "id": "c5.2", "score": 10.0}, last_files=files[1], last_summary={"id": "c5.2", "status": "passed"},
-        feedback=performance_table(_result(task, 1), sol), history=history, history_files=files, **common))
+        feedback=performance_table(_result(task, 1), sol), history=history, history_files=files,
+        start_files=seed, start_summary={"id": "seed", "score": 1.0}, **common))
     return {kind: "\n".join(str(m.content) for m in messages) for kind, messages in zip(KINDS, prompts)}
 
 
@@ -155,6 +157,11 @@ def test_prompts_of_one_run_share_a_stable_prefix(monkeypatch):
         end = group[0].index(ANALYSIS) + len(ANALYSIS)
         assert all(p[:end] == group[0][:end] for p in group)
         assert end / max(len(p) for p in group) > 0.6  # tools/prompt_cache_share.py measures real runs
+    # A cycle's coder prompts also share the action and the code the cycle started from; improve shows its best
+    # version after them.
+    start = prompts["first"].split("# What to do now")[0]
+    assert "# Start from this code" in start and all(p.startswith(start) for p in coder)
+    assert "CYCLE-BEST" in prompts["improve"].removeprefix(start)
     assert prompts["init"].split("# GPU and speed of light")[1].split("\n\n")[0] in prompts["update"]
 
 
@@ -227,3 +234,24 @@ def test_the_coder_does_not_repeat_a_fix_that_already_failed(tmp_path, scripted)
     # Every prompt and raw answer is in the run directory, under the attempt it produced.
     recorded = ctx.store.exchanges("c1.4:code")[0]["transcript"][0]
     assert recorded["messages"][-1]["content"] == last_prompt and "# fix: max" in recorded["answer"]
+
+
+@pytest.mark.parametrize("name", ["moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "trimul"])
+def test_a_whole_search_keeps_seventy_percent_of_each_prompt_in_a_stable_prefix(tmp_path, name):
+    """tools/prompt_cache_share.py's measurement, on the two tasks whose code is largest and smallest against
+    their spec: every call's prefix that stays the same across the run's calls of its role is at least 70% of
+    it; a cache serves every coder call that much; only a run's first planner update (the first prompt with the
+    analysis in it) shares less with the calls before it."""
+    sys.path.insert(0, str(REPO / "tools"))
+    from prompt_cache_share import measure, run_synthetic
+
+    _, ctx = run_synthetic(REPO / "examples" / name, tmp_path / "run", iterations=30)
+    try:
+        figures = measure(ctx.store)
+    finally:
+        ctx.store.close()
+    kinds = figures["kinds"]
+    assert {"first", "debug", "improve", "update"} <= kinds.keys()
+    assert figures["stable_at_least_70"] == 1.0, kinds
+    assert all(kinds[k]["shared_min"] >= 0.7 for k in ("first", "debug", "improve")), kinds
+    assert kinds["update"]["shared_median"] >= 0.7, kinds

@@ -189,19 +189,21 @@ def prompt_kind(exchange: dict, text: str) -> str:
 
 
 def measure(store) -> dict[str, Any]:
-    """Per prompt kind: calls, tokens and shared-prefix shares of every request the run recorded."""
-    seen: dict[str, list[str]] = {}
+    """Per prompt kind: calls, tokens and shared-prefix shares of every request the run recorded. ``shared``: the
+    prefix shared with an earlier call of the role (what a cache can serve); ``stable``: with any other call of the
+    role, earlier or later (the prefix that stays the same across the run's calls: a run's first update is the
+    first prompt with the analysis in it, so a cache serves it less than its stable prefix)."""
+    calls = [(exchange, "".join(m["content"] for m in call["messages"]))
+             for exchange in store.exchanges() for call in exchange["transcript"]]
     rows = []
-    for exchange in store.exchanges():
-        for call in exchange["transcript"]:
-            text = "".join(m["content"] for m in call["messages"])
-            earlier = seen.setdefault(exchange["role"], [])
-            shared = max((len(os.path.commonprefix([text, e])) for e in earlier), default=None)
-            earlier.append(text)
-            rows.append({"kind": prompt_kind(exchange, text), "tokens": len(text) / CHARS_PER_TOKEN,
-                         "shared": None if shared is None else shared / len(text),
-                         "cacheable": None if shared is None else
-                         cacheable(shared // CHARS_PER_TOKEN) / (len(text) / CHARS_PER_TOKEN)})
+    for i, (exchange, text) in enumerate(calls):
+        same_role = [(j, other) for j, (e, other) in enumerate(calls) if j != i and e["role"] == exchange["role"]]
+        shared = max((len(os.path.commonprefix([text, other])) for j, other in same_role if j < i), default=None)
+        stable = max((len(os.path.commonprefix([text, other])) for _, other in same_role), default=0)
+        rows.append({"kind": prompt_kind(exchange, text), "tokens": len(text) / CHARS_PER_TOKEN,
+                     "shared": None if shared is None else shared / len(text), "stable": stable / len(text),
+                     "cacheable": None if shared is None else
+                     cacheable(shared // CHARS_PER_TOKEN) / (len(text) / CHARS_PER_TOKEN)})
     kinds = {}
     for kind in dict.fromkeys(r["kind"] for r in rows):
         mine = [r for r in rows if r["kind"] == kind]
@@ -212,12 +214,14 @@ def measure(store) -> dict[str, Any]:
             "shared_median": statistics.median(r["shared"] for r in later) if later else None,
             "shared_min": min(r["shared"] for r in later) if later else None,
             "cacheable_median": statistics.median(r["cacheable"] for r in later) if later else None,
+            "stable_min": min(r["stable"] for r in mine),
             "first_calls": len(mine) - len(later)}
     later = [r for r in rows if r["shared"] is not None]
     total = sum(r["tokens"] for r in later)
     return {"kinds": kinds, "shared_overall": sum(r["shared"] * r["tokens"] for r in later) / total,
             "cacheable_overall": sum(r["cacheable"] * r["tokens"] for r in later) / total,
-            "calls_at_least_70": sum(r["shared"] >= 0.7 for r in later) / len(later)}
+            "calls_at_least_70": sum(r["shared"] >= 0.7 for r in later) / len(later),
+            "stable_at_least_70": sum(r["stable"] >= 0.7 for r in rows) / len(rows)}
 
 
 def _pct(x: float | None) -> str:
@@ -239,14 +243,16 @@ def main() -> None:
             ctx.store.close()
         print(f"\n{Path(task_dir).name}: {_pct(figures['shared_overall'])} of the prompt tokens after each role's "
               f"first call are in a prefix shared with an earlier call ({_pct(figures['cacheable_overall'])} "
-              f"cacheable by OpenAI's rule); {_pct(figures['calls_at_least_70'])} of those calls share >= 70%")
-        print("| prompt kind | calls | tokens (median / max) | shared prefix (median / min) | cacheable (median) |")
-        print("|---|---|---|---|---|")
+              f"cacheable by OpenAI's rule); {_pct(figures['calls_at_least_70'])} of those calls share >= 70%; "
+              f"{_pct(figures['stable_at_least_70'])} of all calls have a stable prefix of >= 70%")
+        print("| prompt kind | calls | tokens (median / max) | shared prefix (median / min) | cacheable (median) "
+              "| stable prefix (min) |")
+        print("|---|---|---|---|---|---|")
         for kind, k in figures["kinds"].items():
             first = f" (+{k['first_calls']} first)" if k["first_calls"] else ""
             print(f"| {kind} | {k['calls'] - k['first_calls']}{first} | {k['tokens_median']:.0f} / "
                   f"{k['tokens_max']:.0f} | {_pct(k['shared_median'])} / {_pct(k['shared_min'])} | "
-                  f"{_pct(k['cacheable_median'])} |")
+                  f"{_pct(k['cacheable_median'])} | {_pct(k['stable_min'])} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

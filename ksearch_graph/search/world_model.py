@@ -204,9 +204,8 @@ def render(wm: WorldModel, *, budget_chars: int = 6000, focus: str | None = None
         return json.dumps(_compact(wm.nodes[nid], detail), separators=(",", ":"), ensure_ascii=False)
 
     # Lines go out in an order that changes little from one update to the next (a stable prompt prefix): the root,
-    # closed nodes by id (their lines rarely change), the frontier by V, the rest by id.
-    out_order = list(dict.fromkeys([ROOT] + sorted(closed, key=_id_order) + frontier
-                                   + sorted(wm.nodes, key=_id_order)))
+    # then every node by id (creation order): a new node comes last, a closed or re-scored one changes in place.
+    out_order = list(dict.fromkeys([ROOT] + sorted(wm.nodes, key=_id_order)))
     every = {nid: line(nid) for nid in out_order}
     if sum(len(text) + 1 for text in every.values()) - 1 <= budget_chars:
         return "\n".join(every.values())

@@ -57,11 +57,10 @@ def _generate(ctx: SearchContext, runtime: Runtime[SearchContext], state: CycleS
     cycle, best, last = state["cycle"], state.get("cycle_best"), state.get("last")
     cached = ctx.store.get_generation(f"{attempt_id}:code")
     if cached is None:
-        if kind == "improve":
-            base_hash, base_summary = best["source_hash"], best
-        else:
-            base_hash = cycle["base_source_hash"]
-            base_summary = {"id": cycle["base_attempt_id"], "score": cycle["base_score"]} if base_hash else None
+        start_hash = cycle["base_source_hash"]
+        start_summary = {"id": cycle["base_attempt_id"], "score": cycle["base_score"]} if start_hash else None
+        start_files = ctx.store.get_source(start_hash) if start_hash else None
+        base_hash, base_summary = (best["source_hash"], best) if kind == "improve" else (start_hash, start_summary)
         emit(runtime, CodegenEvent(cycle_id=cycle["id"], attempt_id=attempt_id, prompt_kind=kind))
         history = _history(ctx, cycle["id"])
         request = CodeRequest(
@@ -72,6 +71,8 @@ def _generate(ctx: SearchContext, runtime: Runtime[SearchContext], state: CycleS
             attempt_id=attempt_id,
             base_files=ctx.store.get_source(base_hash) if base_hash else None,
             base_summary=base_summary,
+            start_files=start_files,
+            start_summary=start_summary,
             last_files=ctx.store.get_source(last["source_hash"]) if last and last["source_hash"] else None,
             last_summary=last,
             feedback=state.get("feedback", ""),

@@ -349,7 +349,8 @@ class LLMCoder:
         feedback = request.feedback[: _COMPACT_LOG_CHARS if budget.compact else None]
         history = self._history(request, _HISTORY_CHARS)
         pieces = {**_task_pieces(task, budget, request.analysis),
-                  "base": len(_files_block(request.base_files) or task.seed_source or ""),
+                  "base": len(_files_block(self._start(request)[0]) or task.seed_source or ""),
+                  "best": len(_files_block(request.base_files)) if request.kind == "improve" else 0,
                   "last": len(_files_block(request.last_files)), "feedback": len(feedback), "history": len(history)}
         _, user = fit_prompt(lambda limits: [system, self._user_prompt(request, limits, feedback)], pieces, budget)
         ledger = TokenLedger()
@@ -360,6 +361,13 @@ class LLMCoder:
         except CodeExtractionError as e:
             return CodeAnswer(files={}, usage=_usage(ledger, client), error=f"no usable code in the answer: {e}")
         return CodeAnswer(files=files, usage=_usage(ledger, client))
+
+    @staticmethod
+    def _start(request: CodeRequest) -> tuple[dict[str, str] | None, dict | None]:
+        """The code the cycle started from and its summary (improve's ``base_files`` is the cycle's best)."""
+        if request.kind == "improve":
+            return request.start_files, request.start_summary
+        return request.base_files, request.base_summary
 
     @staticmethod
     def _shows_last(request: CodeRequest) -> bool:
@@ -374,8 +382,9 @@ class LLMCoder:
         if request.kind == "first" or not request.history:
             return ""
         sources = {h["id"]: f for h, f in zip(request.history, request.history_files)}
-        if request.base_summary and request.base_files:
-            sources.setdefault(request.base_summary.get("id"), request.base_files)
+        for summary, files in ((request.base_summary, request.base_files), (request.start_summary, request.start_files)):
+            if summary and files:
+                sources.setdefault(summary.get("id"), files)
         return history_section(request.history, [sources.get(h.get("derived_from")) for h in request.history],
                                request.history_files, skip_last=cls._shows_last(request), limit=limit)
 
@@ -387,9 +396,12 @@ class LLMCoder:
                   "action_description": a["description"], "action_rationale": a.get("rationale", ""),
                   "feedback": _clip(feedback, limits["feedback"]),
                   "history_section": cls._history(request, limits["history"])}
-        if request.base_files:
-            base = (f"# Start from this code (score {request.base_summary.get('score') or 0:.4g}x)\n```\n"
-                    f"{_files_block(request.base_files, limits['base'])}\n```\n")
+        # Every prompt of a cycle shows the code it started from in the same words, right after the action: the
+        # cycle's prompts then share it as a cached prefix (improve shows its best version after it).
+        start, start_summary = cls._start(request)
+        if start:
+            base = (f"# Start from this code (score {(start_summary or {}).get('score') or 0:.4g}x)\n```\n"
+                    f"{_files_block(start, limits['base'])}\n```\n")
         elif task.seed_source:
             # Small models write no working kernel zero-shot, but adapt an example well: with no base
             # code (the seed failed or was not attached), the seed still shows the expected shape.
@@ -406,9 +418,9 @@ class LLMCoder:
         if cls._shows_last(request):
             last = (f"\nThe last attempt ({request.last_summary['id']}: {request.last_summary['status']}):\n```\n"
                     f"{_files_block(request.last_files, limits['last'])}\n```\n")
-        return prompt("code_improve", **fields, best_id=request.base_summary["id"],
+        return prompt("code_improve", **fields, base_section=base, best_id=request.base_summary["id"],
                       best_score=f"{request.base_summary['score']:.4g}",
-                      best_code=_files_block(request.base_files, limits["base"]), last_section=last)
+                      best_code=_files_block(request.base_files, limits["best"]), last_section=last)
 
 
 def make_llm_agents(config: SearchConfig) -> tuple[LLMPlanner, LLMCoder]:

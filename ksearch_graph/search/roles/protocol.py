@@ -78,6 +78,9 @@ class CodeRequest:
     history_files: list[dict[str, str]] = field(default_factory=list)  # their code, same order
     analysis: str = ""  # the planner's analysis of the task
     sol: SpeedOfLight | None = None  # the run's GPU and the workloads' floors
+    # the code the cycle started from (first and debug: base_files; improve: base_files is the cycle's best)
+    start_files: dict[str, str] | None = None
+    start_summary: dict | None = None
 
 
 @dataclass
