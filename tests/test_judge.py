@@ -687,6 +687,32 @@ def test_cuda_cpp_through_cupy_and_torch_extensions(tmp_path):
     assert cupy_cached.compile_s <= cupy_first.compile_s + 0.5  # NVRTC output cached by CuPy (small either way)
 
 
+def test_the_candidates_process_imports_no_harness_module_late():
+    """The integrity snapshot is taken once the runner has imported what it uses; a harness module imported later
+    (inside a function, on a torch extension's failed build, say) is a new attribute of its package, and the check
+    calls an honest candidate suspicious. So no function of a module the runner loads imports one of ours."""
+    import ast
+
+    code = ("import json, sys; import ksearch_graph.harness.candidate.runner; "
+            "print(json.dumps({m: getattr(sys.modules[m], '__file__', None) for m in sys.modules "
+            "if m.startswith('ksearch_graph')}))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                       cwd=Path(__file__).resolve().parents[1]).stdout)
+    late = []
+    for name, path in loaded.items():
+        if not path:
+            continue
+        tree = ast.parse(Path(path).read_text())
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in ast.walk(fn):
+                module = node.module if isinstance(node, ast.ImportFrom) else None
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [module or ""]
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and any(n.startswith("ksearch_graph") for n in names):
+                    late.append(f"{name}.{fn.name} (line {node.lineno})")
+    assert "ksearch_graph.harness.candidate.build_errors" in loaded
+    assert not late, late
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_illegal_memory_access_and_oom_leave_the_gpu_healthy(tmp_path):

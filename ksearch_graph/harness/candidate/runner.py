@@ -30,7 +30,7 @@ if __name__ == "__main__" and not __package__:  # started by path: import the pa
     __package__ = "ksearch_graph.harness.candidate"  # noqa: A001
 
 from ksearch_graph.harness._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
-from ksearch_graph.harness.candidate import forgery  # noqa: E402
+from ksearch_graph.harness.candidate import build_errors, forgery  # noqa: E402  (see below)
 from ksearch_graph.harness.guards import InterpreterHooks, LibraryPatches  # noqa: E402
 from ksearch_graph.harness.isolation import die_with_parent, isolate_network  # noqa: E402
 from ksearch_graph.harness.job import REFERENCE_IN_RUNNER  # noqa: E402
@@ -71,6 +71,8 @@ from ksearch_graph.harness.wire import (  # noqa: E402
 )
 
 _PERF = time.perf_counter  # bound before any candidate code runs
+# Every harness module this process uses is imported above, before the integrity snapshot: one imported later (on a
+# build's failure, say) would be a new attribute of its package, which the check takes for a changed harness.
 
 
 def build_torch_extension(root: str, cache: str, entry_point: str):
@@ -100,8 +102,7 @@ def build_torch_extension(root: str, cache: str, entry_point: str):
         module = cpp_extension.load(name=name, sources=sources, extra_include_paths=[src], build_directory=build,
                                     extra_cuda_cflags=["-O3", "--use_fast_math"], verbose=False)
     except Exception as e:  # the compiler's own output is in the message; keep its first errors and their source
-        from ksearch_graph.harness.candidate.build_errors import build_error_excerpt
-        raise Failure("compile_error", clip(build_error_excerpt(str(e)) or str(e))) from None
+        raise Failure("compile_error", clip(build_errors.build_error_excerpt(str(e)) or str(e))) from None
     fn = getattr(module, entry_point, None)
     if fn is None:
         raise Failure("compile_error", f"the extension built, but main.cpp binds no function {entry_point}")
