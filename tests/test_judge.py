@@ -705,9 +705,13 @@ def test_the_candidates_process_imports_no_harness_module_late():
         tree = ast.parse(Path(path).read_text())
         for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             for node in ast.walk(fn):
-                module = node.module if isinstance(node, ast.ImportFrom) else None
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [module or ""]
-                if isinstance(node, (ast.Import, ast.ImportFrom)) and any(n.startswith("ksearch_graph") for n in names):
+                if isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                if any(n.startswith("ksearch_graph") for n in names):
                     late.append(f"{name}.{fn.name} (line {node.lineno})")
     assert "ksearch_graph.harness.candidate.build_errors" in loaded
     assert not late, late

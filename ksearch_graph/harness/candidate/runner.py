@@ -29,8 +29,10 @@ if __name__ == "__main__" and not __package__:  # started by path: import the pa
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     __package__ = "ksearch_graph.harness.candidate"  # noqa: A001
 
+# Every harness module this process uses is imported here, before the integrity snapshot: one imported later (on a
+# build's failure, say) would be a new attribute of its package, which the check takes for a changed harness.
 from ksearch_graph.harness._torch import load_torch  # noqa: E402  (no module here imports torch before load_torch)
-from ksearch_graph.harness.candidate import build_errors, forgery  # noqa: E402  (see below)
+from ksearch_graph.harness.candidate import build_errors, forgery  # noqa: E402
 from ksearch_graph.harness.guards import InterpreterHooks, LibraryPatches  # noqa: E402
 from ksearch_graph.harness.isolation import die_with_parent, isolate_network  # noqa: E402
 from ksearch_graph.harness.job import REFERENCE_IN_RUNNER  # noqa: E402
@@ -71,8 +73,6 @@ from ksearch_graph.harness.wire import (  # noqa: E402
 )
 
 _PERF = time.perf_counter  # bound before any candidate code runs
-# Every harness module this process uses is imported above, before the integrity snapshot: one imported later (on a
-# build's failure, say) would be a new attribute of its package, which the check takes for a changed harness.
 
 
 def build_torch_extension(root: str, cache: str, entry_point: str):

@@ -60,7 +60,10 @@ def _generate(ctx: SearchContext, runtime: Runtime[SearchContext], state: CycleS
         start_hash = cycle["base_source_hash"]
         start_summary = {"id": cycle["base_attempt_id"], "score": cycle["base_score"]} if start_hash else None
         start_files = ctx.store.get_source(start_hash) if start_hash else None
-        base_hash, base_summary = (best["source_hash"], best) if kind == "improve" else (start_hash, start_summary)
+        if kind == "improve":
+            base_files, base_summary = ctx.store.get_source(best["source_hash"]), best
+        else:
+            base_files, base_summary = start_files, start_summary
         emit(runtime, CodegenEvent(cycle_id=cycle["id"], attempt_id=attempt_id, prompt_kind=kind))
         history = _history(ctx, cycle["id"])
         request = CodeRequest(
@@ -69,7 +72,7 @@ def _generate(ctx: SearchContext, runtime: Runtime[SearchContext], state: CycleS
             node_id=cycle["node_id"],
             action=cycle["action"],
             attempt_id=attempt_id,
-            base_files=ctx.store.get_source(base_hash) if base_hash else None,
+            base_files=base_files,
             base_summary=base_summary,
             start_files=start_files,
             start_summary=start_summary,

@@ -400,7 +400,7 @@ class LLMCoder:
         # cycle's prompts then share it as a cached prefix (improve shows its best version after it).
         start, start_summary = cls._start(request)
         if start:
-            base = (f"# Start from this code (score {(start_summary or {}).get('score') or 0:.4g}x)\n```\n"
+            base = (f"# Start from this code (score {start_summary.get('score') or 0:.4g}x)\n```\n"
                     f"{_files_block(start, limits['base'])}\n```\n")
         elif task.seed_source:
             # Small models write no working kernel zero-shot, but adapt an example well: with no base
