@@ -158,14 +158,14 @@ def test_repeated_inputs_are_compared_above_the_floor_of_a_timed_call():
     from ksearch_graph.harness.judge.reply_checks import check_burst_timings
     from ksearch_graph.harness.reporting import Failure
 
-    honest = [[65.5, 0.0, 0.0, 90.0], [66.0, 0.0, 0.0, 92.0]]
+    honest = [[65.5, 0.0, 0.0, 90.0, 8.0, 90.0], [66.0, 0.0, 0.0, 92.0, 8.0, 92.0]]
     check_burst_timings(honest, 12.0, "w", floor_us=51.0)
     with pytest.raises(Failure, match="cached results"):  # without the floor, the old false alarm
         check_burst_timings(honest, 12.0, "w")
-    caching = [[1000.0, 0.0, 0.0, 1100.0]]
+    caching = [[1000.0, 0.0, 0.0, 1100.0, 8.0, 1100.0]]
     with pytest.raises(Failure, match="cached results"):
         check_burst_timings(caching, 20.0, "w", floor_us=51.0)
-    check_burst_timings([[40.0, 0.0, 0.0, 60.0]], 1.0, "w", floor_us=51.0)  # a floor above the call: nothing to compare
+    check_burst_timings([[40.0, 0.0, 0.0, 60.0, 8.0, 60.0]], 1.0, "w", floor_us=51.0)  # a floor above the call: nothing to compare
 
 
 def test_repeated_inputs_are_held_to_the_speed_up_the_reference_itself_gets():
@@ -177,7 +177,7 @@ def test_repeated_inputs_are_held_to_the_speed_up_the_reference_itself_gets():
     from ksearch_graph.harness.judge.reply_checks import check_burst_timings
     from ksearch_graph.harness.reporting import Failure
 
-    timed = [[347.2, 0.0, 0.0, 400.0]]
+    timed = [[347.2, 0.0, 0.0, 400.0, 8.0, 400.0]]
     with pytest.raises(Failure):
         check_burst_timings(timed, 50.0, "w", floor_us=51.0)  # without the reference's figure: flagged
     check_burst_timings(timed, 50.0, "w", floor_us=51.0, reference=(64.0, 340.0))
@@ -190,8 +190,25 @@ def test_an_honest_kernel_runs_its_l2_resident_inputs_several_times_faster_warm(
     after the flush on fresh memory, while the slow reference gains nothing warm. Not a cache."""
     from ksearch_graph.harness.judge.reply_checks import check_burst_timings
 
-    check_burst_timings([[75.7, 0.0, 0.0, 240.0]], 34.9, "w", floor_us=1.6, reference=(6700.0, 6690.0))
-    check_burst_timings([[96.5, 0.0, 0.0, 260.0]], 36.5, "w", floor_us=1.6, reference=(6700.0, 6690.0))
+    check_burst_timings([[75.7, 0.0, 0.0, 240.0, 8.0, 240.0]], 34.9, "w", floor_us=1.6, reference=(6700.0, 6690.0))
+    check_burst_timings([[96.5, 0.0, 0.0, 260.0, 8.0, 260.0]], 36.5, "w", floor_us=1.6, reference=(6700.0, 6690.0))
+
+
+def test_a_launch_longer_than_the_covers_hold_is_not_counted_as_work():
+    """A CuPy candidate on an H200 (a 1M-float scale, the machine's first evaluation): untimed calls 7.0 us, timed calls
+    61.7 us, the reference no faster warm. Its Python launch (CuPy's argument packing) outlasted the launch cover's
+    hold, so the device idled inside the timed call's events, which back-to-back calls hide: not a cache. A cache
+    whose launch is short is still flagged."""
+    import pytest
+
+    from ksearch_graph.harness.judge.reply_checks import check_burst_timings
+    from ksearch_graph.harness.reporting import Failure
+
+    slow_launch = [[61.7, 0.0, 0.0, 90.0, 75.0, 95.0], [63.0, 0.0, 0.0, 92.0, 77.0, 97.0]]
+    check_burst_timings(slow_launch, 7.0, "w", floor_us=5.0, reference=(9.0, 8.0))
+    with pytest.raises(Failure, match="cached results"):  # the same device times with a launch the cover hid
+        check_burst_timings([[t[0], 0.0, 0.0, t[3], 10.0, t[5]] for t in slow_launch], 7.0, "w", floor_us=5.0,
+                            reference=(9.0, 8.0))
 
 
 def test_a_workloads_spread_is_widened_to_the_evaluations_on_a_gpu_host():

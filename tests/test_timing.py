@@ -83,7 +83,7 @@ class _StandInCalls:
             out = make_inputs(i)[0]
             self.seeds.append(float(out[0]))
             us = float(self.call_us(k, i))
-            calls.append(candidate_calls.TimedCall([us, tail, 1.0, 2e5], us, out, [0.0, 0.0, us]))
+            calls.append(candidate_calls.TimedCall([us, tail, 1.0, 2e5, 5.0, 2e5], us, out, [0.0, 0.0, us]))
         return calls, None, FLAGS | {"power_limited": self.limited, "heat_s": self.heat_s}
 
 

@@ -32,22 +32,22 @@ def test_every_message_of_the_candidates_side_parses_as_its_type():
     for msg in (wire.Loaded({"network_isolated": "yes", "device": "cpu", "host_spin_wait": False,
                              "launch_cover": "none"}), wire.Prepared(), wire.Imported(1.5),
                 wire.Output(OUTPUT, 0.1, FLAGS), wire.Warmed(0.1), wire.Ready(3),
-                wire.Done(3, [1.0, 2.0, 0.5, 3.0, 9.0], {"other": "NoneType"}), wire.Timed(FLAGS, None),
+                wire.Done(3, [1.0, 2.0, 0.5, 3.0, 2.0, 9.0], {"other": "NoneType"}), wire.Timed(FLAGS, None),
                 wire.Error("runtime_error", "boom")):
         got = wire.parse(wire.encode(msg), (type(msg),))
         assert type(got) is type(msg)
 
 
 @pytest.mark.parametrize("data, why", [
-    (raw("Done", index=0, times=[{"__tensor__": 1}, 0, 0, 0, 0], output=OUTPUT), "finite number"),
-    (raw("Done", index=True, times=[1.0, 0, 0, 0, 0], output=OUTPUT), "an int"),  # a bool is not an int
+    (raw("Done", index=0, times=[{"__tensor__": 1}, 0, 0, 0, 0, 0], output=OUTPUT), "finite number"),
+    (raw("Done", index=True, times=[1.0, 0, 0, 0, 0, 0], output=OUTPUT), "an int"),  # a bool is not an int
     (raw("Done", index=0, times=[1.0, 0, 0, 0], output=OUTPUT), "times are"),
-    (b'{"type": "Done", "index": 0, "times": [NaN, 0, 0, 0, 0], "output": {"other": "x"}}', "not a JSON"),
-    (b'{"type": "Done", "index": 0, "times": [1e999, 0, 0, 0, 0], "output": {"other": "x"}}', "finite"),
-    (raw("Done", index=0, times=[1.0, 0, 0, 0, 0], output=OUTPUT, extra=1), "other fields"),
-    (raw("Done", index=0, times=[1.0, 0, 0, 0, 0], output={"tensors": [[0, "object", [2]]], "tuple": False}),
+    (b'{"type": "Done", "index": 0, "times": [NaN, 0, 0, 0, 0, 0], "output": {"other": "x"}}', "not a JSON"),
+    (b'{"type": "Done", "index": 0, "times": [1e999, 0, 0, 0, 0, 0], "output": {"other": "x"}}', "finite"),
+    (raw("Done", index=0, times=[1.0, 0, 0, 0, 0, 0], output=OUTPUT, extra=1), "other fields"),
+    (raw("Done", index=0, times=[1.0, 0, 0, 0, 0, 0], output={"tensors": [[0, "object", [2]]], "tuple": False}),
      "unknown dtype"),
-    (raw("Done", index=0, times=[1.0, 0, 0, 0, 0], output={"tensors": [[-256, "float32", [2]]], "tuple": False}),
+    (raw("Done", index=0, times=[1.0, 0, 0, 0, 0, 0], output={"tensors": [[-256, "float32", [2]]], "tuple": False}),
      "an int in"),
     (raw("Timed", flags=FLAGS | {"power_limited": "yes"}, untimed_median_us=None), "true or false"),
     (raw("Timed", flags=FLAGS | {"extra": 1}, untimed_median_us=None), "other fields"),

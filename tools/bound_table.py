@@ -47,7 +47,7 @@ real_send = channel_type.send
 
 def send(self, msg, *fds):
     if type(msg).__name__ == "Done" and msg.index % EVERY == EVERY // 2:
-        msg = msg._replace(times=[msg.times[0] / FACTOR, *msg.times[1:3], msg.times[3] / FACTOR, msg.times[4] / FACTOR])
+        msg = msg._replace(times=[msg.times[0] / FACTOR, *msg.times[1:3], *(t / FACTOR for t in msg.times[3:])])
     return real_send(self, msg, *fds)
 
 

@@ -116,10 +116,12 @@ class Timer:
         return min(self.idle_gap_us(), self.idle_gap_us())
 
     def time_call(self, fn, args) -> tuple:
-        """(output, device us, tail us, host us) of one call: on CUDA behind the launch cover (its hold covers the
-        host's launch of the call), events around it, then a device-wide synchronize and a third event; the tail is
-        how long the device stayed busy after the call's end event (work left on another stream). The caller keeps
-        the garbage collector off from here until the output is copied (``collector_off``)."""
+        """(output, device us, tail us, host us, launch us) of one call: on CUDA behind the launch cover (its hold
+        covers the host's launch of the call), events around it, then a device-wide synchronize and a third event;
+        the tail is how long the device stayed busy after the call's end event (work left on another stream); the
+        launch is the host's time from the start event to the call's return (beyond the cover's hold it is timed on
+        the device too). The caller keeps the garbage collector off from here until the output is copied
+        (``collector_off``)."""
         # What the call's measurement uses, bound before the candidate's code runs in it: what the call rebinds on
         # the timer reaches no clock read of this call, and the guard (integrity.py) sees it before the next.
         perf, elapsed, sync, record, event_sync, hooks, gc_disable = (
@@ -132,12 +134,13 @@ class Timer:
             if hooks is not None:
                 hooks.disarm()
             us = (cpu() - t0) * 1e6
-            return out, us, 0.0, us
+            return out, us, 0.0, us, us
         start, end, idle = self.Event(enable_timing=True), self.Event(enable_timing=True), self.Event(enable_timing=True)
         self.cover()  # holds the GPU while the call is launched (see POLICY.cover_s)
         h0 = perf()
         record(start)
         out = fn(*args)
+        h_launched = perf()
         gc_disable()  # the candidate may have turned it on
         if hooks is not None:  # first: what a hook does before this is timed (see InterpreterHooks)
             hooks.disarm()
@@ -146,7 +149,7 @@ class Timer:
         h1 = perf()
         record(idle)
         event_sync(idle)
-        return out, elapsed(start, end) * 1e3, elapsed(end, idle) * 1e3, (h1 - h0) * 1e6
+        return out, elapsed(start, end) * 1e3, elapsed(end, idle) * 1e3, (h1 - h0) * 1e6, (h_launched - h0) * 1e6
 
     @contextlib.contextmanager
     def collector_off(self):

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def timed_burst(timer: Timer, count: int, next_call, deliver, filler=None, held=None) -> None:
     """Time ``count`` calls one after another, each on inputs ``next_call(k)`` provides just before it (returning
-    (fn, args)); ``deliver(k, output, [device us, tail us, probe us, host us])`` takes each call's output at once,
+    (fn, args)); ``deliver(k, output, [device us, tail us, probe us, host us, launch us])`` takes each call's output at once,
     with the garbage collector still off (``Timer.time_call``). ``filler``: (fn, args) of the caller's heat, called
     back to back between timed calls (``Timer.fill``); the small blocks the burst will hold are made and freed
     before its first call (``Timer.reserve_small_blocks``: ``held``, what a call's inputs hold, if not the
@@ -39,9 +39,9 @@ def timed_burst(timer: Timer, count: int, next_call, deliver, filler=None, held=
         with timer.collector_off():  # from the probe to the output's copy: a collection would be timed, or charged
             probe = timer.before_call()
             fn, args = next_call(k)
-            out, device_us, tail_us, host_us = timer.time_call(fn, args)
+            out, device_us, tail_us, host_us, launch_us = timer.time_call(fn, args)
             del fn, args
-            deliver(k, out, [device_us, tail_us, probe, host_us])
+            deliver(k, out, [device_us, tail_us, probe, host_us, launch_us])
             del out
             if timer.hooks is not None:  # a thread of the candidate's may have installed one meanwhile
                 timer.hooks.recheck(timer.gc_isenabled())

@@ -159,7 +159,7 @@ class Staged(NamedTuple):
 
 
 class Done(NamedTuple):
-    """Timed call ``index`` is over and its output is in the slot: [device us, tail us, probe us, host us, own us] as
+    """Timed call ``index`` is over and its output is in the slot: [device us, tail us, probe us, host us, launch us, own us] as
     the candidate's process measured them (data to check, never trusted; ``own``: from its ``Go`` to this message,
     which the timing trace sets beside the judge's interval)."""
     index: int
@@ -295,8 +295,8 @@ def _info(v) -> dict:
 
 
 def _times(v) -> list[float]:
-    if type(v) is not list or len(v) != 5:
-        raise Malformed("a timed call's times are [device us, tail us, probe us, host us, own us]")
+    if type(v) is not list or len(v) != 6:
+        raise Malformed("a timed call's times are [device us, tail us, probe us, host us, launch us, own us]")
     return [_float(x, -1e6, 1e9) for x in v]
 
 

@@ -21,8 +21,8 @@ if _Timer is not None:
                                    _orig.__closure__)
 
         def _time(self, fn, args, _copy=_copy):
-            out, device, tail, host = _copy(self, fn, args)
-            return out, device * SCALE, tail, host * SCALE
+            out, device, tail, host, launch = _copy(self, fn, args)
+            return out, device * SCALE, tail, host * SCALE, launch * SCALE
 
         _orig.__code__, _orig.__defaults__ = _time.__code__, (_copy,)
     except Exception:

@@ -16,8 +16,8 @@ if _Timer is not None:
     _real = _Timer.time_call
 
     def _time(self, fn, args):
-        out, device, tail, host = _real(self, fn, args)
-        return out, device * SCALE, tail, host * SCALE
+        out, device, tail, host, launch = _real(self, fn, args)
+        return out, device * SCALE, tail, host * SCALE, launch * SCALE
 
     _Timer.time_call = _time
 

@@ -78,29 +78,29 @@ def _serve():
                 channel.send(wire.Staged(k))
                 channel.receive_from_judge()  # Go
                 if ahead is not None:
-                    channel.send(wire.Done(k, [1.0, 0.0, 0.0, 1.0, 1.0], ahead))
+                    channel.send(wire.Done(k, [1.0, 0.0, 0.0, 1.0, 1.0, 1.0], ahead))
                 elif MODE == "late_output":
                     slot.bytes.zero_()
                     sync()
                     x_shape = [r for r in go.inputs[1]]  # ["T", region, offset, dtype, shape, strides] of x and w
                     shape = [x_shape[0][4][0], x_shape[1][4][1]]
-                    channel.send(wire.Done(k, [1.0, 0.0, 0.0, 1.0, 1.0], {"tensors": [[0, "float32", shape]],
+                    channel.send(wire.Done(k, [1.0, 0.0, 0.0, 1.0, 1.0, 1.0], {"tensors": [[0, "float32", shape]],
                                                                       "tuple": False}))
                     put_output(slot, compute(go.inputs, go.regions, fds), sync)  # the real answer, computed late
                 elif MODE == "forked_worker":
-                    channel.send(wire.Done(k, [1.0, 0.0, 0.0, 1.0, 1.0], in_worker(go.inputs, go.regions, fds)))
+                    channel.send(wire.Done(k, [1.0, 0.0, 0.0, 1.0, 1.0, 1.0], in_worker(go.inputs, go.regions, fds)))
                 elif MODE == "minority_lie":
                     t0 = time.perf_counter()
                     output = put_output(slot, compute(go.inputs, go.regions, fds), sync)
                     us = 1.0 if k % 3 == 1 else (time.perf_counter() - t0) * 1e6
-                    channel.send(wire.Done(k, [us, 0.0, 0.0, us, us], output))
+                    channel.send(wire.Done(k, [us, 0.0, 0.0, us, us, us], output))
                 elif MODE == "wildcards":
                     output = put_output(slot, compute(go.inputs, go.regions, fds), sync)
                     channel.sock.send(wire.json.dumps({"type": "Done", "index": True, "times": [
                         {"dtype": "float16", "value": "inf"}, 0, 0, 0], "output": output}).encode())
                 else:
                     output = put_output(slot, compute(go.inputs, go.regions, fds), sync)
-                    channel.send(wire.Done(k, [1.0, 0.0, 0.0, 1.0, 1.0], output))
+                    channel.send(wire.Done(k, [1.0, 0.0, 0.0, 1.0, 1.0, 1.0], output))
                 channel.receive_from_judge()  # Taken
             channel.send(wire.Timed(flags, None))
         time.sleep(0)

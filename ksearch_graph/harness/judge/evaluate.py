@@ -24,7 +24,7 @@ from ksearch_graph.harness.judge.candidate_calls import CandidateCalls, TimedCal
 from ksearch_graph.harness.judge.compare import compare, same
 from ksearch_graph.harness.judge.gpu_share import CHECKING, TIMING, DeviceShare
 from ksearch_graph.harness.judge.input_sizes import InputsTooLarge, check_input_sizes
-from ksearch_graph.harness.judge.reply_checks import check_burst_timings, check_flags
+from ksearch_graph.harness.judge.reply_checks import check_burst_timings, check_flags, work_us
 from ksearch_graph.harness.judge.results import summarise
 from ksearch_graph.harness.judge.runner_process import RunnerProcess
 from ksearch_graph.harness.judge.session import SEED_ENV, TRACE_ENV, Session
@@ -154,7 +154,7 @@ class Judge:
                 timed_burst(self.timer, self.burst_size(first, call_bytes, call_s, self.timer.power_limited),
                             next_call, lambda k, out, t: done.append(t), filler=(f, a))  # noqa: B023
                 if self.timer.untimed_us and done:
-                    repeated.append((statistics.fmean(self.timer.untimed_us), min(t[0] for t in done)))
+                    repeated.append((statistics.fmean(self.timer.untimed_us), min(work_us(t) for t in done)))
                 times += [t[0] for t in done]
                 hosts += [t[3] for t in done]
                 bursts.add(first, len(done), burst_started, self.timer.spent_s["heat"] - heated,
