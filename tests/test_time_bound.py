@@ -209,6 +209,11 @@ def test_a_launch_longer_than_the_covers_hold_is_not_counted_as_work():
     with pytest.raises(Failure, match="cached results"):  # the same device times with a launch the cover hid
         check_burst_timings([[t[0], 0.0, 0.0, t[3], 10.0, t[5]] for t in slow_launch], 7.0, "w", floor_us=5.0,
                             reference=(9.0, 8.0))
+    # A cache that waits for the device inside its timed calls (tests/cheats/cool_fillers.py on an H100): its
+    # launch is as long as its 400 us of work, of which only the allowance counts as idle.
+    waiting = [[400.0, 0.0, 0.0, 420.0, 400.0, 430.0]]
+    with pytest.raises(Failure, match="cached results"):
+        check_burst_timings(waiting, 3.0, "w", floor_us=50.0, reference=(500.0, 520.0))
 
 
 def test_a_workloads_spread_is_widened_to_the_evaluations_on_a_gpu_host():

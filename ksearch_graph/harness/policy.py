@@ -48,6 +48,10 @@ class TimingPolicy:
     # Untimed calls faster than this share of the fastest timed one: suspicious. An honest memory-bound kernel whose
     # inputs fit in L2 runs 2-5x faster warm than after the flush on fresh memory; a cache answers at a copy's speed.
     untimed_ratio: float = 0.2
+    # A timed call's launch beyond the cover's hold that the check counts as the device idling, not as work: more
+    # than a Python-heavy launch takes (CuPy's 40-60 us on a cold host); a candidate that waits for the device inside
+    # its call gains no more than this from it.
+    launch_allowance_us: float = 100.0
     escape_slack_us: float = 10.0  # device work past a call's end event (a burst's mean) allowed before it counts
     check_probability: float = 0.2  # share of timed calls (besides the first and last) whose output is re-checked
     # The judge's own clock around each timed call bounds the reported time (time_bound.py).

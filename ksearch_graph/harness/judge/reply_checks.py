@@ -35,8 +35,10 @@ def work_us(times: list[float]) -> float:
     """A timed call's device time ([device, tail, probe, host, launch, ...] us) less the part of its host's launch
     that the launch cover's hold (POLICY.cover_s) did not hide: a launch longer than the hold (a Python-heavy call
     path, CuPy's argument packing) leaves the device idle between the call's events, while back-to-back untimed calls
-    hide it behind the call before."""
-    return max(0.0, times[0] - max(0.0, times[4] - POLICY.cover_s * 1e6))
+    hide it behind the call before. At most POLICY.launch_allowance_us: a call that waits for the device inside
+    itself has a launch as long as its work."""
+    idle = min(max(0.0, times[4] - POLICY.cover_s * 1e6), POLICY.launch_allowance_us)
+    return max(0.0, times[0] - idle)
 
 
 def check_burst_timings(timed: list[list[float]], untimed: float | None, where: str, floor_us: float = 0.0,
