@@ -350,8 +350,9 @@ def test_a_timing_trace_has_every_timed_call_of_reference_and_candidate_and_the_
         for who, runs in (("reference", None), ("candidate", w.runs)):
             calls = [c for line in lines if (line["who"], line["workload"]) == (who, w.workload)
                      and not line.get("dropped") for c in line["calls"]]
-            # The reference's [device, tail, probe, host] us; the candidate's process adds its own Go-to-Done time.
-            assert len(calls) >= 3 and all(len(c) == (4 if who == "reference" else 5) for c in calls), (
+            # The reference's [device, tail, probe, host, launch] us; the candidate's process adds its own Go-to-Done
+            # time.
+            assert len(calls) >= 3 and all(len(c) == (5 if who == "reference" else 6) for c in calls), (
                 who, w.workload, calls)
             if runs is not None:
                 assert len(calls) == runs

@@ -35,7 +35,7 @@ def test_every_timed_call_of_every_evaluation_is_kept(tmp_path):
             if w["timed"]:  # the kept bursts hold the calls the result counts
                 calls = [c for line in mine if line["who"] == "candidate" and line["workload"] == w["workload"]
                          and not line.get("dropped") for c in line["calls"]]
-                assert len(calls) == w["runs"] and all(len(c) == 5 for c in calls)  # the process's own time last
+                assert len(calls) == w["runs"] and all(len(c) == 6 for c in calls)  # the process's own time last
 
 
 def test_a_failing_solution_keeps_its_result_and_fails_the_run(tmp_path):
