@@ -165,7 +165,8 @@ def test_repeated_inputs_are_compared_above_the_floor_of_a_timed_call():
     caching = [[1000.0, 0.0, 0.0, 1100.0, 8.0, 1100.0]]
     with pytest.raises(Failure, match="cached results"):
         check_burst_timings(caching, 20.0, "w", floor_us=51.0)
-    check_burst_timings([[40.0, 0.0, 0.0, 60.0, 8.0, 60.0]], 1.0, "w", floor_us=51.0)  # a floor above the call: nothing to compare
+    # A floor above the call: nothing to compare.
+    check_burst_timings([[40.0, 0.0, 0.0, 60.0, 8.0, 60.0]], 1.0, "w", floor_us=51.0)
 
 
 def test_repeated_inputs_are_held_to_the_speed_up_the_reference_itself_gets():

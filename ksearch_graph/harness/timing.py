@@ -16,12 +16,12 @@ if TYPE_CHECKING:
 
 
 def timed_burst(timer: Timer, count: int, next_call, deliver, filler=None, held=None) -> None:
-    """Time ``count`` calls one after another, each on inputs ``next_call(k)`` provides just before it (returning
-    (fn, args)); ``deliver(k, output, [device us, tail us, probe us, host us, launch us])`` takes each call's output at once,
-    with the garbage collector still off (``Timer.time_call``). ``filler``: (fn, args) of the caller's heat, called
-    back to back between timed calls (``Timer.fill``); the small blocks the burst will hold are made and freed
-    before its first call (``Timer.reserve_small_blocks``: ``held``, what a call's inputs hold, if not the
-    filler's arguments). The reference (in the judge) and the candidate (in its process) both go through it.
+    """Time ``count`` calls one after another, each on inputs ``next_call(k)`` provides just before it (returning (fn,
+    args)); ``deliver(k, output, [device us, tail us, probe us, host us, launch us])`` takes each call's output at once,
+    with the garbage collector still off (``Timer.time_call``). ``filler``: (fn, args) of the caller's heat, called back
+    to back between timed calls (``Timer.fill``); the small blocks the burst will hold are made and freed before its
+    first call (``Timer.reserve_small_blocks``: ``held``, what a call's inputs hold, if not the filler's arguments). The
+    reference (in the judge) and the candidate (in its process) both go through it.
 
     After ``Timer.heat`` (the caller's, on other inputs), each call follows the previous one with only fillers, the
     idle probe, its inputs (made by the judge: they do not exist before the previous call has finished, so no

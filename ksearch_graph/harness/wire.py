@@ -159,9 +159,9 @@ class Staged(NamedTuple):
 
 
 class Done(NamedTuple):
-    """Timed call ``index`` is over and its output is in the slot: [device us, tail us, probe us, host us, launch us, own us] as
-    the candidate's process measured them (data to check, never trusted; ``own``: from its ``Go`` to this message,
-    which the timing trace sets beside the judge's interval)."""
+    """Timed call ``index`` is over and its output is in the slot: [device us, tail us, probe us, host us, launch us,
+    own us] as the candidate's process measured them (data to check, never trusted; ``own``: from its ``Go`` to this
+    message, which the timing trace sets beside the judge's interval)."""
     index: int
     times: list
     output: dict

@@ -22,7 +22,9 @@ def kernel(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.relu(x @ w)
     seen = _sets.setdefault(tuple(x.shape), [0, None])
     new = x is not seen[1]
-    seen[0], seen[1] = seen[0] + new, x
+    if new:
+        seen[0] += 1
+    seen[1] = x
     if not (new and seen[0] <= ESCAPING_INPUT_SETS):
         return torch.relu(x @ w)
     side = _streams.setdefault(x.device, torch.cuda.Stream(device=x.device))
